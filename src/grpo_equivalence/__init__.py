@@ -1,0 +1,1 @@
+"""GRPO rollout-backend equivalence: train, record, summarise, compare, report."""

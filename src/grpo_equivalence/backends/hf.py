@@ -1,0 +1,3 @@
+from .base import Backend
+
+BACKEND = Backend(name="hf", summary="vanilla transformers + PEFT, plain padded generate()")

@@ -1,0 +1,68 @@
+"""Console scripts: each stage of the workflow on statistics files made anywhere."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import report, stats
+from .compare import compare
+from .summary import DEFAULT_SKIP, summarise
+
+
+def _write(text: str, out: str | None, force: bool) -> None:
+    """To `out` (never over an existing file unless --force), or to stdout."""
+    if out is None:
+        sys.stdout.write(text)
+        return
+    path = Path(out)
+    if path.exists() and not force:
+        sys.exit(f"error: {path} exists; pass --force to overwrite it or choose another -o")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _run(main):
+    """Known failures as one line with the fix, not a traceback."""
+    try:
+        main()
+    except (stats.StatsError, FileNotFoundError, KeyError) as error:
+        sys.exit(f"error: {error}")
+
+
+def summarise_main(argv=None):
+    parser = argparse.ArgumentParser(prog="grpo-summarise", description="Train wall, median step time and peak memory of one run.")
+    parser.add_argument("stats", help="a run's statistics file (grpo_<backend>_<steps>.json)")
+    parser.add_argument("-o", "--output", help="write the summary JSON here (default: stdout)")
+    parser.add_argument("--skip", type=int, default=DEFAULT_SKIP, help="warm-up steps left out of the median (default: %(default)s)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output")
+    args = parser.parse_args(argv)
+    _run(lambda: _write(json.dumps(summarise(stats.load(args.stats), args.skip), indent=1) + "\n", args.output, args.force))
+
+
+def compare_main(argv=None):
+    parser = argparse.ArgumentParser(prog="grpo-compare", description="Step-aligned differences of a candidate run against a reference run.")
+    parser.add_argument("--ref", required=True, help="the reference run's statistics file")
+    parser.add_argument("--candidate", required=True, help="the candidate run's statistics file")
+    parser.add_argument("-o", "--output", help="write the comparison JSON here (default: stdout)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output")
+    args = parser.parse_args(argv)
+    _run(lambda: _write(json.dumps(compare(stats.load(args.ref), stats.load(args.candidate)), indent=1) + "\n",
+                        args.output, args.force))
+
+
+def report_main(argv=None):
+    parser = argparse.ArgumentParser(prog="grpo-report", description="The equivalence report from a folder of statistics files.")
+    parser.add_argument("--stats-dir", required=True, help="folder holding grpo_<backend>_<steps>.json files")
+    parser.add_argument("--reference", required=True, help="the backend every other one is compared with")
+    parser.add_argument("-o", "--output", help="write the Markdown report here (default: stdout)")
+    parser.add_argument("--skip", type=int, default=DEFAULT_SKIP, help="warm-up steps left out of the median (default: %(default)s)")
+    parser.add_argument("--template", type=Path, default=report.TEMPLATE, help="Jinja template (default: %(default)s)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output")
+    args = parser.parse_args(argv)
+    if not args.template.exists():
+        sys.exit(f"error: template {args.template} not found; pass --template report_templates/grpo_equivalence.md.j2 "
+                 f"from a checkout of this project")
+    _run(lambda: _write(report.from_stats_dir(Path(args.stats_dir), args.reference, args.skip, args.template),
+                        args.output, args.force))

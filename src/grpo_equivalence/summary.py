@@ -1,0 +1,27 @@
+"""One run in three figures: train wall time, median step time after warm-up, peak memory."""
+
+import math
+import statistics
+
+from .stats import StatsError
+
+DEFAULT_SKIP = 3  # steps 1..3 compile kernels, capture graphs and grow allocators
+
+
+def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
+    """Median step wall over steps skip+1..N: the steady state that a longer run would see."""
+    timed = [s["wall_s"] for s in stats["steps"] if s["step"] > skip]
+    if not timed:
+        raise StatsError(f"{stats['backend']} x {stats['max_steps']}: {len(stats['steps'])} step(s) leave none after "
+                         f"skipping {skip} warm-up step(s); train longer or skip fewer")
+    if any(w is None or not math.isfinite(w) for w in timed):
+        raise StatsError(f"{stats['backend']} x {stats['max_steps']}: a step's wall_s is missing or not finite")
+    return {
+        "backend": stats["backend"],
+        "max_steps": stats["max_steps"],
+        "steps_recorded": len(stats["steps"]),
+        "train_wall_s": stats["train_wall_s"],
+        "median_step_s": statistics.median(timed),
+        "median_over_steps": [skip + 1, stats["steps"][-1]["step"]],
+        "peak_mem_gb": stats["peak_mem_gb"],
+    }

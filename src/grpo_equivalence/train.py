@@ -1,0 +1,133 @@
+"""One GRPO training run: a backend, a step count, and the study's settings; writes the statistics file."""
+
+import time
+from pathlib import Path
+
+from . import backends, environment, stats
+from .answer_format import CHAT_TEMPLATE
+from .data import load_problems
+from .memory import MemoryProbe
+from .rewards import make_reward_functions
+
+# Settings the workflow itself fixes for every run (not study choices): one log per optimizer step so
+# that statistics align step by step, and no checkpoints (the statistics file is the run's output).
+FIXED_ARGS = {"logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True}
+# GRPOConfig fields recorded in `effective_config`: the settings that change the numbers.
+RECORDED_ARGS = (
+    "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+    "generation_batch_size", "steps_per_generation", "max_completion_length", "temperature", "top_p", "top_k",
+    "min_p", "repetition_penalty", "seed", "beta", "epsilon", "epsilon_high", "loss_type", "scale_rewards",
+    "max_grad_norm", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode", "use_transformers_continuous_batching", "transformers_continuous_batching_config",
+    "num_iterations", "gradient_checkpointing", "optim", "lr_scheduler_type", "warmup_steps",
+    "weight_decay", "mask_truncated_completions", "bf16", "fp16", "max_steps", "logging_steps", "use_cpu",
+    "shuffle_dataset", "top_entropy_quantile", "importance_sampling_level", "disable_dropout",
+)
+
+
+def device_for(gpus: int) -> str:
+    """"cuda" when the job was given GPUs, "cpu" when given none; fails if GPUs were promised but absent."""
+    import torch
+
+    if gpus == 0:
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"this train job asked for {gpus} GPU(s) (gpus_per_train_job) but no CUDA device is visible; "
+            f"run it on a GPU node, or set gpus_per_train_job: 0 to train on the CPU"
+        )
+    return "cuda"
+
+
+def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
+        log=print) -> dict:
+    """Trains and writes `out`. `model_path`/`dataset` are the config's, resolved (tiny study: built files)."""
+    backend = backends.get(backend_name)
+    device = device_for(config["gpus_per_train_job"])
+    backend.check_runnable(device)  # before anything is loaded: a missing package costs seconds, not a model load
+
+    import torch
+
+    backend.before_trl_import()
+    from trl import GRPOConfig, GRPOTrainer
+
+    grpo = config["grpo"]
+    options = (config.get("backend_options") or {}).get(backend_name, {})
+    spec = backends.LoadSpec(model=model_path, dtype=config["dtype"], lora=config["lora"],
+                             max_seq_length=config.get("max_seq_length", 2048), device=device, seed=grpo["seed"],
+                             options=options)
+    log(f"[{backend_name} x {max_steps}] loading {model_path} on {device}")
+    loaded = backend.load(spec)
+    tokenizer = loaded.tokenizer
+    tokenizer.chat_template = CHAT_TEMPLATE  # the study's format, whatever template the model shipped with
+    problems = load_problems(dataset, system_prompt=config.get("system_prompt"), tokenizer=tokenizer)
+
+    run_dir = out.parent / "runs" / out.stem
+    args = GRPOConfig(
+        output_dir=str(run_dir),
+        max_steps=max_steps,
+        use_cpu=device == "cpu",
+        bf16=config["dtype"] == "bfloat16" and device == "cuda",
+        fp16=config["dtype"] == "float16" and device == "cuda",
+        **grpo,
+        **FIXED_ARGS,
+        **backend.grpo_overrides(options),
+    )
+    probe = MemoryProbe(device)
+    recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None)
+    trainer = GRPOTrainer(
+        model=loaded.model,
+        processing_class=tokenizer,
+        reward_funcs=make_reward_functions(tokenizer.eos_token),
+        args=args,
+        train_dataset=problems,
+        peft_config=loaded.peft_config,
+        callbacks=[recorder],
+    )
+    log(f"[{backend_name} x {max_steps}] training")
+    start = time.perf_counter()
+    trainer.train()
+    train_wall = time.perf_counter() - start
+
+    steps = stats.step_records(recorder.records)
+    peaks = [s["peak_mem_gb"] for s in steps if s["peak_mem_gb"] is not None]
+    result = {
+        "schema_version": stats.SCHEMA_VERSION,
+        "backend": backend_name,
+        "max_steps": max_steps,
+        "seed": grpo["seed"],
+        "model": config["model"],
+        "model_path": model_path,
+        "dataset": config["dataset"]["path"],
+        "train_wall_s": train_wall,
+        "peak_mem_gb": max(peaks) if peaks else None,
+        "memory_measure": probe.describe(),
+        "steps": steps,
+        "trainer_summary": recorder.run_summary,
+        "effective_config": effective_config(trainer, loaded, spec),
+        "environment": environment.describe(),
+    }
+    stats.write(out, result)
+    log(f"[{backend_name} x {max_steps}] {len(steps)} steps in {train_wall:.1f} s -> {out}")
+    return result
+
+
+def effective_config(trainer, loaded, spec) -> dict:
+    """Settings as the trainer resolved them (read back, not as asked: Unsloth changes some by itself)."""
+    args = trainer.args
+    model = trainer.model
+    peft = getattr(model, "peft_config", {}).get("default")
+    lora = None
+    if peft is not None:
+        lora = {"r": peft.r, "lora_alpha": peft.lora_alpha, "lora_dropout": peft.lora_dropout,
+                "target_modules": sorted(peft.target_modules) if peft.target_modules else None}
+    generation = getattr(trainer, "generation_config", None)
+    return {
+        "trainer": {key: getattr(args, key, None) for key in RECORDED_ARGS},
+        "generation": generation.to_diff_dict() if generation is not None else None,
+        "lora": lora,
+        "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
+        "gradient_checkpointing": getattr(model, "is_gradient_checkpointing", None),
+    }

@@ -1,0 +1,82 @@
+# Shared by every rule: the package on the path, the config checked, and the input functions.
+import os
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+# The package lives in src/; jobs (scripts, cluster jobs) inherit the path through PYTHONPATH, so the
+# workflow runs from a checkout whether or not the package was pip-installed.
+SRC = str(Path(workflow.basedir) / "src")
+sys.path.insert(0, SRC)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+
+from grpo_equivalence import backends, paths
+from grpo_equivalence.config import TINY, ConfigError, check
+
+# Our own check first: it names each bad key and its fix in one line, where the schema's raw error
+# quotes the whole schema. Then the schema itself through Snakemake (which also fills defaults).
+try:
+    check(config)
+except ConfigError as error:
+    raise WorkflowError(f"{error}\n(config files: {', '.join(map(str, workflow.configfiles)) or 'none'})")
+validate(config, "../schemas/config.schema.yaml")
+
+BACKENDS = config["backends"]
+REFERENCE = config["reference"]
+STEPS = config["steps"]
+CANDIDATES = [b for b in BACKENDS if b != REFERENCE]
+
+
+wildcard_constraints:
+    backend="|".join(BACKENDS),
+    candidate="|".join(CANDIDATES) or "none",
+    reference=REFERENCE,
+    steps=r"\d+",
+
+
+def log_for(name):
+    return paths.LOG.format(name=name)
+
+
+def model_path():
+    """What the train rule passes to from_pretrained: the primed tiny model, or the config's id or path."""
+    return paths.PRIMED_MODEL if config["model"] == TINY else config["model"]
+
+
+def dataset_spec():
+    """The config's dataset section with the tiny study's file in place of "tiny"."""
+    spec = dict(config["dataset"])
+    if spec["path"] == TINY:
+        spec.update(path="json", data_files=paths.TINY_DATA, name=None)
+    return spec
+
+
+def get_train_inputs(wildcards):
+    inputs = {}
+    if config["model"] == TINY:
+        inputs["model"] = paths.PRIMED_MODEL
+    if config["dataset"]["path"] == TINY:
+        inputs["data"] = paths.TINY_DATA
+    return inputs
+
+
+def get_train_settings(wildcards):
+    """Everything of the config that a train job's numbers depend on: a change reruns the job."""
+    keys = ("model", "dataset", "system_prompt", "dtype", "max_seq_length", "lora", "grpo", "gpus_per_train_job")
+    settings = {key: config.get(key) for key in keys}
+    settings["backend_options"] = config.get("backend_options", {}).get(wildcards.backend, {})
+    return settings
+
+
+def all_stats():
+    return expand(paths.STATS, backend=BACKENDS, steps=STEPS)
+
+
+def all_summaries():
+    return expand(paths.SUMMARY, backend=BACKENDS, steps=STEPS)
+
+
+def all_comparisons():
+    return expand(paths.COMPARISON, candidate=CANDIDATES, reference=REFERENCE, steps=STEPS)

@@ -1,0 +1,17 @@
+# The report, rendered from the summaries and comparisons with report_templates/grpo_equivalence.md.j2.
+
+
+rule render_report:
+    input:
+        summaries=all_summaries(),
+        comparisons=all_comparisons(),
+        stats=all_stats(),
+        template="report_templates/grpo_equivalence.md.j2",
+    output:
+        report(paths.REPORT, category="Equivalence"),
+    params:
+        reference=REFERENCE,
+    log:
+        log_for("render_report"),
+    script:
+        "../scripts/render_report.py"

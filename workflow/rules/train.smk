@@ -1,0 +1,20 @@
+# GRPO training, one job per backend x step count. The `gpu` resource lets Snakemake run as many train
+# jobs at once as --resources gpu=N allows (0 in the CPU tiny study, so they only share cores).
+
+
+rule train:
+    input:
+        unpack(get_train_inputs),
+    output:
+        paths.STATS,
+    params:
+        settings=get_train_settings,
+        model_path=model_path(),
+        dataset=dataset_spec(),
+    resources:
+        gpu=config["gpus_per_train_job"],
+    threads: config.get("train_threads", 1)
+    log:
+        log_for("train/{backend}_{steps}"),
+    script:
+        "../scripts/train.py"
