@@ -13,6 +13,15 @@ if not workflow.configfiles:
 
 
 include: "workflow/rules/common.smk"
+
+
+wildcard_constraints:
+    backend="|".join(BACKENDS),
+    candidate="|".join(CANDIDATES) or "none",
+    reference=REFERENCE,
+    steps=r"\d+",
+
+
 include: "workflow/rules/tiny.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/analyse.smk"

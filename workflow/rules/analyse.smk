@@ -8,6 +8,8 @@ rule summarise:
         paths.SUMMARY,
     params:
         skip=config["median_skip_steps"],
+    conda:
+        conda_env("cpu")
     log:
         log_for("summarise/{backend}_{steps}"),
     script:
@@ -20,6 +22,8 @@ rule compare:
         candidate=paths.STATS.format(backend="{candidate}", steps="{steps}"),
     output:
         paths.COMPARISON,
+    conda:
+        conda_env("cpu")
     log:
         log_for("compare/{candidate}_vs_{reference}_{steps}"),
     script:

@@ -6,13 +6,15 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-# The package lives in src/; jobs (scripts, cluster jobs) inherit the path through PYTHONPATH, so the
-# workflow runs from a checkout whether or not the package was pip-installed.
+# The package lives in src/. Jobs inherit its path through PYTHONPATH, whatever environment they run
+# in (a venv, a rule's conda env, a cluster node), so the workflow runs from a checkout whether or not
+# the package was pip-installed there.
 SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
 
 from grpo_equivalence import backends, paths
+from grpo_equivalence.report import TEMPLATE as REPORT_TEMPLATE
 from grpo_equivalence.config import TINY, ConfigError, check
 
 # Our own check first: it names each bad key and its fix in one line, where the schema's raw error
@@ -29,11 +31,13 @@ STEPS = config["steps"]
 CANDIDATES = [b for b in BACKENDS if b != REFERENCE]
 
 
-wildcard_constraints:
-    backend="|".join(BACKENDS),
-    candidate="|".join(CANDIDATES) or "none",
-    reference=REFERENCE,
-    steps=r"\d+",
+def conda_env(name):
+    return f"../../envs/{name}.yaml"
+
+
+def train_env():
+    """The GPU stack when train jobs get GPUs, the CPU stack otherwise."""
+    return conda_env("gpu" if config["gpus_per_train_job"] > 0 else "cpu")
 
 
 def log_for(name):
@@ -41,7 +45,7 @@ def log_for(name):
 
 
 def model_path():
-    """What the train rule passes to from_pretrained: the primed tiny model, or the config's id or path."""
+    """The from_pretrained argument of train jobs: the primed tiny model, or the config's id or path."""
     return paths.PRIMED_MODEL if config["model"] == TINY else config["model"]
 
 

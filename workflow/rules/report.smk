@@ -6,11 +6,13 @@ rule render_report:
         summaries=all_summaries(),
         comparisons=all_comparisons(),
         stats=all_stats(),
-        template="report_templates/grpo_equivalence.md.j2",
+        template=str(REPORT_TEMPLATE),
     output:
         report(paths.REPORT, category="Equivalence"),
     params:
         reference=REFERENCE,
+    conda:
+        conda_env("cpu")
     log:
         log_for("render_report"),
     script:

@@ -6,6 +6,8 @@ rule prepare_model:
         directory(paths.TINY_MODEL),
     params:
         tiny=config.get("tiny"),
+    conda:
+        conda_env("cpu")
     log:
         log_for("prepare_model"),
     script:
@@ -17,6 +19,8 @@ rule prepare_data:
         paths.TINY_DATA,
     params:
         tiny=config.get("tiny"),
+    conda:
+        conda_env("cpu")
     log:
         log_for("prepare_data"),
     script:
@@ -33,6 +37,8 @@ rule prime:
         tiny=config.get("tiny"),
         system_prompt=config.get("system_prompt"),
     threads: 2
+    conda:
+        conda_env("cpu")
     log:
         log_for("prime"),
     script:

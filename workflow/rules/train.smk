@@ -14,6 +14,8 @@ rule train:
     resources:
         gpu=config["gpus_per_train_job"],
     threads: config.get("train_threads", 1)
+    conda:
+        train_env()
     log:
         log_for("train/{backend}_{steps}"),
     script:

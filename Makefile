@@ -1,0 +1,35 @@
+# make demo: the whole workflow on the built-in tiny study (CPU, no network), ending with
+#            results/grpo_equivalence.md
+# make test: the test suite (what CI runs)
+# Each target creates .venv and installs what it needs on first use.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CORES ?= 2
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch first (a plain `torch` requirement would pull a multi-GB CUDA build);
+	# TRL 1.16, whose GRPO trainer runs without Triton, i.e. on a CPU.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]" "trl==1.16.*" "transformers==5.17.0"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/snakemake results/grpo_equivalence.md --cores $(CORES) --configfile studies/tiny.yaml
+	@echo "report: results/grpo_equivalence.md"
+
+test: $(VENV)/.installed
+	$(VENV)/bin/pytest -ra
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/snakemake --lint --configfile studies/tiny.yaml
+
+clean:
+	rm -rf results .snakemake

@@ -1,0 +1,66 @@
+import re
+
+import pytest
+
+from grpo_equivalence import cli, stats
+from grpo_equivalence.report import from_stats_dir
+from helpers import make_stats
+
+
+def table_rows(text: str, first_cell: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith(f"| {first_cell} ")]
+
+
+@pytest.fixture
+def stats_dir(tmp_path):
+    for steps in (5, 8):
+        stats.write(tmp_path / f"grpo_vllm_{steps}.json", make_stats("vllm", steps, wall=lambda i: 2.0))
+        stats.write(tmp_path / f"grpo_cb_paged_{steps}.json",
+                    make_stats("cb_paged", steps, wall=lambda i: 4.0, reward=lambda i: i + 0.25, kl=lambda i: None))
+    return tmp_path
+
+
+def test_one_table_per_step_count_with_percent_of_reference(stats_dir):
+    text = from_stats_dir(stats_dir, "vllm")
+    assert re.findall(r"^## (\d+) steps$", text, re.M) == ["5", "8"]
+    vllm_rows, cb_rows = table_rows(text, "vllm"), table_rows(text, "cb_paged")
+    assert [r[4] for r in vllm_rows] == ["100 %", "100 %"]
+    assert cb_rows[0][1:5] == ["50.0", "4.000", "1.05", "50 %"]  # train wall, median step, peak, %
+
+
+def test_pairwise_table_reports_not_logged_never_zero(stats_dir):
+    text = from_stats_dir(stats_dir, "vllm")
+    pair = [r for r in table_rows(text, "cb_paged") if len(r) == 5 and "not logged" in r[3]]
+    assert pair and pair[0][2] == "0.250 (0.250)" and pair[0][1] == "0.0000"
+
+
+def test_report_lists_the_raw_statistics_and_settings(stats_dir):
+    text = from_stats_dir(stats_dir, "vllm")
+    assert f"`{stats_dir / 'grpo_cb_paged_8.json'}`" in text
+    assert "| beta | 0.001 |" in text
+
+
+def test_reference_missing_is_an_error(stats_dir):
+    with pytest.raises(stats.StatsError, match="no run of reference backend 'hf'"):
+        from_stats_dir(stats_dir, "hf")
+
+
+def test_cli_report_writes_and_refuses_to_overwrite(stats_dir, tmp_path, capsys):
+    out = tmp_path / "out" / "report.md"
+    cli.report_main(["--stats-dir", str(stats_dir), "--reference", "vllm", "-o", str(out)])
+    assert out.read_text() == from_stats_dir(stats_dir, "vllm")
+    with pytest.raises(SystemExit, match="exists; pass --force"):
+        cli.report_main(["--stats-dir", str(stats_dir), "--reference", "vllm", "-o", str(out)])
+
+
+def test_cli_summarise_and_compare(stats_dir, capsys):
+    cli.summarise_main([str(stats_dir / "grpo_cb_paged_5.json")])
+    assert '"median_step_s": 4.0' in capsys.readouterr().out
+    cli.compare_main(["--ref", str(stats_dir / "grpo_vllm_5.json"), "--candidate", str(stats_dir / "grpo_cb_paged_5.json")])
+    assert '"status": "not logged"' in capsys.readouterr().out
+
+
+def test_cli_error_is_one_line_with_the_fix(tmp_path):
+    with pytest.raises(SystemExit, match="no statistics files"):
+        cli.report_main(["--stats-dir", str(tmp_path), "--reference", "vllm"])

@@ -1,0 +1,54 @@
+import pytest
+
+from grpo_equivalence.compare import NOT_LOGGED, compare
+from grpo_equivalence.stats import StatsError
+from grpo_equivalence.summary import summarise
+from helpers import make_stats
+
+
+def test_median_step_leaves_out_the_warm_up():
+    walls = {1: 30.0, 2: 20.0, 3: 10.0, 4: 1.0, 5: 3.0, 6: 2.0}
+    summary = summarise(make_stats(n=6, wall=walls.get), skip=3)
+    assert summary["median_step_s"] == 2.0
+    assert summary["median_over_steps"] == [4, 6]
+    assert summary["train_wall_s"] == 60.0 and summary["peak_mem_gb"] == pytest.approx(1.06)
+
+
+def test_summary_needs_steps_after_the_warm_up():
+    with pytest.raises(StatsError, match="leave none after skipping 3"):
+        summarise(make_stats(n=3), skip=3)
+
+
+def test_compare_max_and_mean_abs_diff_on_aligned_steps():
+    ref = make_stats("vllm", 4, reward=lambda i: float(i))
+    cand = make_stats("cb_paged", 4, reward=lambda i: float(i) + (0.5 if i == 3 else -0.1))
+    result = compare(ref, cand)
+    reward = result["metrics"]["reward"]
+    assert reward["max_abs_diff"] == pytest.approx(0.5) and reward["at_step"] == 3
+    assert reward["mean_abs_diff"] == pytest.approx((0.1 + 0.1 + 0.5 + 0.1) / 4)
+    assert result["metrics"]["loss"]["max_abs_diff"] == 0.0
+    assert result["candidate"] == "cb_paged" and result["reference"] == "vllm" and result["steps_compared"] == 4
+
+
+def test_metric_missing_in_one_run_is_not_logged_never_zero():
+    ref = make_stats("vllm", 4)
+    cand = make_stats("hf", 4, kl=lambda i: None)
+    kl = compare(ref, cand)["metrics"]["kl"]
+    assert kl == {"status": NOT_LOGGED, "not_logged_in": ["hf x 4"]}
+
+
+def test_nan_fails_loudly():
+    cand = make_stats("hf", 4, loss=lambda i: float("nan") if i == 2 else 0.1)
+    with pytest.raises(StatsError, match="loss is nan at step 2"):
+        compare(make_stats("vllm", 4), cand)
+
+
+def test_metric_logged_at_some_steps_only_fails():
+    cand = make_stats("hf", 4, kl=lambda i: None if i == 3 else 0.1)
+    with pytest.raises(StatsError, match="kl is logged at some steps but missing at step 3"):
+        compare(make_stats("vllm", 4), cand)
+
+
+def test_runs_of_different_length_fail():
+    with pytest.raises(StatsError, match="different length"):
+        compare(make_stats("vllm", 6), make_stats("hf", 5))

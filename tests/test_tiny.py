@@ -1,0 +1,47 @@
+import torch
+
+from grpo_equivalence import tiny
+from grpo_equivalence.answer_format import MARKERS, conversation, target_completion
+
+
+def test_markers_are_single_tokens_kept_by_skip_special_tokens():
+    tokenizer = tiny.build_tokenizer()
+    text = target_completion("3+4=7", "7")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for marker in MARKERS[1:]:
+        assert len(tokenizer(marker, add_special_tokens=False)["input_ids"]) == 1
+    assert len(ids) == len("3+4=7") + 3 + 1  # characters, three markers, the answer digit
+    assert tokenizer.decode(ids + [tokenizer.eos_token_id], skip_special_tokens=True) == text
+
+
+def test_chat_template_ends_the_prompt_inside_the_working_out():
+    tokenizer = tiny.build_tokenizer()
+    prompt = tokenizer.apply_chat_template(conversation("3+4", "Sys."), add_generation_prompt=True, tokenize=False)
+    assert prompt == f"Sys.{tiny.EOS}3+4{MARKERS[0]}"
+
+
+def test_model_and_tokenizer_load_back_with_from_pretrained(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tiny.save_model(tmp_path, hidden_size=32, num_layers=1, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert model.config.model_type == "qwen3"
+    assert tokenizer("a<SOLUTION>")["input_ids"] == tiny.build_tokenizer()("a<SOLUTION>")["input_ids"]
+
+
+def test_the_model_is_deterministic():
+    tokenizer = tiny.build_tokenizer()
+    a = tiny.build_model(tokenizer, hidden_size=32, num_layers=1, seed=0)
+    b = tiny.build_model(tokenizer, hidden_size=32, num_layers=1, seed=0)
+    c = tiny.build_model(tokenizer, hidden_size=32, num_layers=1, seed=1)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
+
+
+def test_problems_are_seeded_and_correct():
+    rows = tiny.problems(50, 9, seed=1)
+    assert rows == tiny.problems(50, 9, seed=1) and rows != tiny.problems(50, 9, seed=2)
+    for row in rows:
+        a, b = map(int, row["prompt"].split("+"))
+        assert row["solution"] == str(a + b) and row["working"] == f"{a}+{b}={a + b}"

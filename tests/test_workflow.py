@@ -1,0 +1,138 @@
+"""The whole workflow through Snakemake on the tiny study: real jobs, then the report checked against the
+statistics files it was made from, and Snakemake's own plan for a rerun."""
+
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.workflow
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
+STEPS = (4, 6)
+
+
+def snakemake(workdir: Path, *args: str, check=True) -> subprocess.CompletedProcess:
+    """The tiny study with two short step counts, in `workdir` (its config is written there)."""
+    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config["steps"] = list(STEPS)
+    (workdir / "study.yaml").write_text(yaml.safe_dump(config))
+    cmd = [*SNAKEMAKE, "--directory", str(workdir), "results/grpo_equivalence.md", "--cores", "2",
+           "--configfile", str(workdir / "study.yaml"), *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if check and result.returncode != 0:
+        raise AssertionError(f"snakemake failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("study")
+    snakemake(workdir)
+    return workdir
+
+
+def cells(report: str, first: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in report.splitlines() if line.startswith(f"| {first} ")]
+
+
+def load(workdir, backend, steps):
+    return json.loads((workdir / f"results/stats/grpo_{backend}_{steps}.json").read_text())
+
+
+def test_every_job_ran_and_logged(study):
+    for backend in ("hf", "cb_paged"):
+        for steps in STEPS:
+            run = load(study, backend, steps)
+            assert [s["step"] for s in run["steps"]] == list(range(1, steps + 1))
+            assert (study / f"results/logs/train/{backend}_{steps}.log").read_text().strip()
+    assert (study / "results/tiny/primed/config.json").exists()
+    assert "prime step" in (study / "results/logs/prime.log").read_text()
+
+
+def test_report_speed_tables_match_the_statistics(study):
+    report = (study / "results/grpo_equivalence.md").read_text()
+    assert re.findall(r"^## (\d+) steps$", report, re.M) == [str(s) for s in STEPS]
+    for i, steps in enumerate(STEPS):
+        ref_median = statistics.median(s["wall_s"] for s in load(study, "hf", steps)["steps"] if s["step"] > 3)
+        for backend in ("hf", "cb_paged"):
+            run = load(study, backend, steps)
+            median = statistics.median(s["wall_s"] for s in run["steps"] if s["step"] > 3)
+            row = [r for r in cells(report, backend) if r[-1].endswith("%")][i]
+            assert row[1] == f"{run['train_wall_s']:.1f}"
+            assert row[2] == f"{median:.3f}"
+            assert row[3] == f"{run['peak_mem_gb']:.2f}"
+            assert row[4] == f"{100 * ref_median / median:.0f} %"
+
+
+def test_report_differences_match_the_statistics(study):
+    report = (study / "results/grpo_equivalence.md").read_text()
+    pairs = [r for r in cells(report, "cb_paged") if not r[-1].endswith("%")]
+    assert len(pairs) == len(STEPS)
+    for row, steps in zip(pairs, STEPS):
+        ref, cand = load(study, "hf", steps)["steps"], load(study, "cb_paged", steps)["steps"]
+        diff = {m: [abs(c[m] - r[m]) for c, r in zip(cand, ref)] for m in ("loss", "reward", "kl", "grad_norm")}
+        assert all(math.isfinite(d) for d in diff["kl"])  # beta != 0: kl logged by both backends
+        assert float(row[1]) == pytest.approx(max(diff["loss"]), abs=1e-4)
+        reward_max, reward_mean = re.match(r"(\S+) \((\S+)\)", row[2]).groups()
+        assert float(reward_max) == pytest.approx(max(diff["reward"]), abs=1e-3)
+        assert float(reward_mean) == pytest.approx(statistics.mean(diff["reward"]), abs=1e-3)
+        assert float(row[3]) == pytest.approx(max(diff["kl"]), rel=1e-3, abs=1e-4)
+        assert float(row[4]) == pytest.approx(max(diff["grad_norm"]), abs=1e-4)
+
+
+def test_grpo_has_a_signal(study):
+    """Primed, the tiny model's rewards vary within groups on most steps, or the comparison is empty."""
+    for backend in ("hf", "cb_paged"):
+        fractions = [s["metrics"]["frac_reward_zero_std"] for s in load(study, backend, max(STEPS))["steps"]]
+        assert sum(f < 1 for f in fractions) > len(fractions) / 2, (backend, fractions)
+
+
+def test_rerun_with_nothing_changed_runs_nothing(study):
+    result = snakemake(study, "--dry-run")
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_grpo_report_cli_renders_the_same_tables(study):
+    out = study / "cli_report.md"
+    subprocess.run([sys.executable, "-c", "from grpo_equivalence.cli import report_main; report_main()",
+                    "--stats-dir", str(study / "results/stats"), "--reference", "hf", "-o", str(out)], check=True)
+    workflow_report = (study / "results/grpo_equivalence.md").read_text()
+    cli_report = out.read_text()
+    table = re.compile(r"^\| (hf|cb_paged) .*$", re.M)
+    assert table.findall(cli_report) and [m.group(0) for m in table.finditer(cli_report)] == \
+        [m.group(0) for m in table.finditer(workflow_report)]
+
+
+def test_lint_is_clean():
+    result = subprocess.run([*SNAKEMAKE, "--lint", "--configfile", str(ROOT / "studies" / "tiny.yaml")],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_bad_config_stops_before_any_job(tmp_path):
+    result = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "--cores", "1", "--configfile",
+                             str(ROOT / "studies" / "tiny.yaml"), "--config", "reference=vllm"],
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "reference: 'vllm' is not among backends ['hf', 'cb_paged']" in result.stdout + result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_study_plans_on_a_machine_without_gpu(tmp_path):
+    """The default config.yaml (the GPU study) plans its DAG anywhere, e.g. on a login node."""
+    result = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "--configfile", str(ROOT / "config.yaml"),
+                             "--dry-run", "--cores", "1"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for backend in ("vllm", "unsloth_fi_false", "cb_paged"):
+        for steps in (10, 30):
+            assert f"results/stats/grpo_{backend}_{steps}.json" in out
+    assert "prime" not in re.findall(r"^rule (\w+):", out, re.M)
