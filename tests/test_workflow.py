@@ -136,3 +136,31 @@ def test_the_study_plans_on_a_machine_without_gpu(tmp_path):
         for steps in (10, 30):
             assert f"results/stats/grpo_{backend}_{steps}.json" in out
     assert "prime" not in re.findall(r"^rule (\w+):", out, re.M)
+
+
+def unrunnable_study(workdir: Path) -> Path:
+    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config["backends"] = ["hf", "unsloth_fi_false"]  # needs CUDA and Unsloth: neither is here
+    path = workdir / "study.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_backend_that_cannot_run_here_stops_the_workflow_before_any_job(tmp_path):
+    result = subprocess.run([*SNAKEMAKE, "results/grpo_equivalence.md", "--directory", str(tmp_path), "--cores", "2",
+                             "--configfile", str(unrunnable_study(tmp_path))], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "backend 'unsloth_fi_false' cannot run here" in result.stdout + result.stderr
+    assert not (tmp_path / "results" / "logs").exists()  # no job started
+
+
+def test_backend_that_cannot_run_fails_its_job_before_loading_the_model(tmp_path):
+    """On a cluster the planning machine does not check (--no-hooks stands in): the job itself stops."""
+    result = subprocess.run([*SNAKEMAKE, "results/stats/grpo_unsloth_fi_false_6.json", "--directory", str(tmp_path),
+                             "--cores", "2", "--no-hooks", "--configfile", str(unrunnable_study(tmp_path))],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode != 0
+    log = (tmp_path / "results/logs/train/unsloth_fi_false_6.log").read_text()
+    assert "backend 'unsloth_fi_false' cannot run here" in log
+    assert "loading" not in log  # stopped before the model load
+    assert not (tmp_path / "results/stats/grpo_unsloth_fi_false_6.json").exists()

@@ -39,6 +39,19 @@ def device_for(gpus: int) -> str:
     return "cuda"
 
 
+def check_runnable(config: dict, backend_names) -> None:
+    """Raises if any of `backend_names` cannot train here with the config's GPU request (no model loaded)."""
+    device = device_for(config["gpus_per_train_job"])
+    problems = []
+    for name in backend_names:
+        try:
+            backends.get(name).check_runnable(device)
+        except backends.BackendUnavailable as error:
+            problems.append(str(error))
+    if problems:
+        raise backends.BackendUnavailable("\n".join(problems))
+
+
 def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
         log=print) -> dict:
     """Trains and writes `out`. `model_path`/`dataset` are the config's, resolved (tiny study: built files)."""
@@ -55,7 +68,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     options = (config.get("backend_options") or {}).get(backend_name, {})
     spec = backends.LoadSpec(model=model_path, dtype=config["dtype"], lora=config["lora"],
                              max_seq_length=config.get("max_seq_length", 2048), device=device, seed=grpo["seed"],
-                             options=options)
+                             gradient_checkpointing=grpo["gradient_checkpointing"], options=options)
     log(f"[{backend_name} x {max_steps}] loading {model_path} on {device}")
     loaded = backend.load(spec)
     tokenizer = loaded.tokenizer

@@ -20,3 +20,15 @@ rule train:
         log_for("train/{backend}_{steps}"),
     script:
         "../scripts/train.py"
+
+
+# Run locally, a backend that cannot train on this machine stops the workflow before any job starts
+# (each train job checks again at its start, which is what counts on a cluster: there the planning
+# machine, e.g. a login node, need not have the GPU stack).
+onstart:
+    if workflow.local_exec:
+        pending = sorted({j.wildcards.backend for j in workflow.dag.needrun_jobs() if j.rule.name == "train"})
+        if pending:
+            from grpo_equivalence.train import check_runnable
+
+            check_runnable(config, pending)

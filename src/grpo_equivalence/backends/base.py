@@ -21,6 +21,7 @@ class LoadSpec:
     max_seq_length: int
     device: str  # "cuda" or "cpu"
     seed: int
+    gradient_checkpointing: bool
     options: dict = field(default_factory=dict)  # this backend's entry of backend_options
 
 

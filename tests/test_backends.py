@@ -1,0 +1,112 @@
+"""What the backends produce, tested without their GPU stacks.
+
+Unsloth and vLLM cannot run here (no CUDA, and vLLM pins another torch), so `MockFastLanguageModel` below
+stands in for Unsloth's FastLanguageModel: it records the calls the loader makes, which is what is tested.
+"""
+
+import sys
+import types
+
+import pytest
+
+from grpo_equivalence import backends
+from grpo_equivalence.backends import BackendUnavailable, LoadSpec
+from grpo_equivalence.backends.base import lora_config
+
+LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+
+
+def spec(**options):
+    return LoadSpec(model="some/model", dtype="bfloat16", lora=LORA, max_seq_length=512, device="cuda", seed=3407,
+                    gradient_checkpointing=False, options=options)
+
+
+def test_every_study_backend_is_registered_by_its_file():
+    assert backends.names() == ["cb_paged", "hf", "unsloth_fi_false", "vllm"]
+    for name in backends.names():
+        assert backends.get(name).name == name
+        assert backends.module_file(name).endswith(f"backends/{name}.py")
+
+
+def test_unknown_backend_lists_the_known_ones():
+    with pytest.raises(KeyError, match="unknown backend 'sglang'; choose among cb_paged, hf"):
+        backends.get("sglang")
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("hf", {}),
+        ("cb_paged", {"use_transformers_continuous_batching": True, "transformers_continuous_batching_config": None}),
+        ("unsloth_fi_false", {"use_vllm": False}),
+        ("vllm", {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.5}),
+    ],
+)
+def test_backends_change_only_the_rollout_settings(name, overrides):
+    assert backends.get(name).grpo_overrides({}) == overrides
+
+
+def test_backend_options_reach_the_trainer():
+    assert backends.get("vllm").grpo_overrides({"gpu_memory_utilization": 0.6})["vllm_gpu_memory_utilization"] == 0.6
+    cb = backends.get("cb_paged").grpo_overrides({"continuous_batching": {"num_blocks": 16}})
+    assert cb["transformers_continuous_batching_config"] == {"num_blocks": 16}
+
+
+class MockFastLanguageModel:
+    """Stands in for unsloth.FastLanguageModel: records the loader's calls."""
+
+    calls = []
+
+    @classmethod
+    def from_pretrained(cls, **kwargs):
+        cls.calls.append(("from_pretrained", kwargs))
+        return "model", "tokenizer"
+
+    @classmethod
+    def get_peft_model(cls, model, **kwargs):
+        cls.calls.append(("get_peft_model", kwargs))
+        return "peft-model"
+
+
+@pytest.fixture
+def mock_unsloth(monkeypatch):
+    MockFastLanguageModel.calls = []
+    monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastLanguageModel=MockFastLanguageModel))
+    return MockFastLanguageModel.calls
+
+
+@pytest.mark.parametrize("name, fast_inference", [("unsloth_fi_false", False), ("vllm", True)])
+def test_unsloth_loaders_use_the_same_lora_as_the_vanilla_backends(mock_unsloth, name, fast_inference):
+    loaded = backends.get(name).load(spec(gpu_memory_utilization=0.6) if fast_inference else spec())
+    (_, load_kwargs), (_, peft_kwargs) = mock_unsloth
+    assert load_kwargs["model_name"] == "some/model" and load_kwargs["fast_inference"] is fast_inference
+    assert load_kwargs["load_in_4bit"] is False and load_kwargs["max_lora_rank"] == 8
+    assert ("gpu_memory_utilization" in load_kwargs) is fast_inference
+    if fast_inference:
+        assert load_kwargs["gpu_memory_utilization"] == 0.6
+    vanilla = lora_config(LORA)
+    assert peft_kwargs["r"] == vanilla.r and peft_kwargs["lora_alpha"] == vanilla.lora_alpha
+    assert peft_kwargs["lora_dropout"] == vanilla.lora_dropout
+    assert set(peft_kwargs["target_modules"]) == set(vanilla.target_modules)
+    assert peft_kwargs["use_gradient_checkpointing"] is False and peft_kwargs["random_state"] == 3407
+    # Unsloth wraps the model itself, so TRL must not wrap it a second time.
+    assert loaded.model == "peft-model" and loaded.peft_config is None
+
+
+def test_vllm_absent_is_named_with_the_fix(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real("json"))
+    with pytest.raises(BackendUnavailable) as error:
+        backends.get("vllm").check_runnable("cuda")
+    message = str(error.value)
+    assert "backend 'vllm' cannot run here: missing package(s) vllm" in message
+    assert "pip install vllm" in message and "drop 'vllm' from `backends`" in message
+    assert "CUDA" not in message
+
+
+def test_unsloth_backends_need_cuda():
+    for name in ("unsloth_fi_false", "vllm"):
+        with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):
+            backends.get(name).check_runnable("cpu")
