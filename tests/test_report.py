@@ -64,3 +64,19 @@ def test_cli_summarise_and_compare(stats_dir, capsys):
 def test_cli_error_is_one_line_with_the_fix(tmp_path):
     with pytest.raises(SystemExit, match="no statistics files"):
         cli.report_main(["--stats-dir", str(tmp_path), "--reference", "vllm"])
+
+
+def test_settings_that_differ_between_backends_are_listed(tmp_path):
+    for backend, gc in (("vllm", True), ("hf", False)):
+        run = make_stats(backend, 5)
+        run["effective_config"] = {"trainer": {"beta": 0.001, "gradient_checkpointing": gc, "max_steps": 5}, "lora": None}
+        stats.write(tmp_path / f"grpo_{backend}_5.json", run)
+    text = from_stats_dir(tmp_path, "vllm")
+    section = text.split("## Settings that differ between backends")[1].split("## Study settings")[0]
+    assert "| Setting | hf | vllm |" in section
+    assert "| trainer.gradient_checkpointing | False | True |" in section
+    assert "beta" not in section and "max_steps" not in section
+
+
+def test_no_differing_settings_is_said_plainly(stats_dir):
+    assert "None: every effective setting read back from the trainers is the same" in from_stats_dir(stats_dir, "vllm")

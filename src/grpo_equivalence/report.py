@@ -1,5 +1,6 @@
 """The equivalence report: speed and memory per step count, differences against the reference, settings."""
 
+import json
 import re
 from pathlib import Path
 
@@ -25,6 +26,56 @@ def speed_tables(summaries: list[dict], comparisons: list[dict], reference: str)
     return tables
 
 
+# Settings that legitimately differ between runs of one study: not backend differences.
+PER_RUN_SETTINGS = ("trainer.max_steps",)
+
+
+NOT_RECORDED = "(not recorded)"
+
+
+def _settings(effective_config: dict) -> dict:
+    """`section.key` -> value for the sections of effective_config (trainer, generation, lora ...)."""
+    flat = {}
+    for section, value in effective_config.items():
+        if isinstance(value, dict):
+            flat.update({f"{section}.{key}": v for key, v in value.items()})
+        else:
+            flat[section] = value
+    return flat
+
+
+def differing_settings(runs: list[dict]) -> list[dict]:
+    """Every effective setting whose value is not the same for all backends, with each backend's value.
+
+    Backends are meant to differ only in the settings that select their rollout path (each run records
+    them as `rollout_settings`); those rows are marked as expected. Any other row (a batch size, a loss
+    type, gradient checkpointing that a library changed by itself) means the runs did not train under
+    the same settings, and the report says so.
+    """
+    by_backend: dict[str, dict] = {}
+    rollout = set()
+    for run in sorted(runs, key=lambda r: r["max_steps"]):
+        config = dict(run["effective_config"])
+        rollout.update(f"trainer.{key}" for key in config.pop("rollout_settings", []))
+        flat = {k: v for k, v in _settings(config).items() if k not in PER_RUN_SETTINGS}
+        by_backend.setdefault(run["backend"], {}).update(flat)
+    keys = sorted(set().union(*(flat.keys() for flat in by_backend.values())))
+    rows = []
+    for key in keys:
+        values = {backend: flat.get(key, NOT_RECORDED) for backend, flat in sorted(by_backend.items())}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            rows.append({"setting": key, "values": values, "rollout": key in rollout})
+    return sorted(rows, key=lambda row: (row["rollout"], row["setting"]))
+
+
+def reference_run(runs: list[dict], reference: str) -> dict:
+    """The reference backend's shortest run: where the report takes the study's settings from."""
+    candidates = [r for r in runs if r["backend"] == reference]
+    if not candidates:
+        raise stats_io.StatsError(f"no run of reference backend {reference!r}; backends: {sorted({r['backend'] for r in runs})}")
+    return min(candidates, key=lambda r: r["max_steps"])
+
+
 def study_settings(reference_stats: dict) -> dict:
     config = reference_stats["effective_config"]
     return {"model": reference_stats["model"], "dataset": reference_stats["dataset"], "seed": reference_stats["seed"],
@@ -40,7 +91,7 @@ def _num(value, digits: int = 3) -> str:
     return str(value)
 
 
-def render(*, summaries: list[dict], comparisons: list[dict], reference: str, reference_stats: dict,
+def render(*, summaries: list[dict], comparisons: list[dict], reference: str, runs: list[dict],
            stats_files: list[str], template: Path = TEMPLATE) -> str:
     import jinja2
 
@@ -49,7 +100,8 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, re
     env.filters["num"] = _num
     return env.get_template(Path(template).name).render(
         reference=reference, tables=speed_tables(summaries, comparisons, reference), metrics=COMPARED,
-        not_logged=NOT_LOGGED, settings=study_settings(reference_stats), stats_files=sorted(stats_files))
+        not_logged=NOT_LOGGED, settings=study_settings(reference_run(runs, reference)),
+        differing=differing_settings(runs), backends=sorted({r["backend"] for r in runs}), stats_files=sorted(stats_files))
 
 
 def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE) -> str:
@@ -62,12 +114,10 @@ def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, te
         runs[path] = stats_io.load(path)
     if not runs:
         raise FileNotFoundError(f"no statistics files (grpo_<backend>_<steps>.json) in {stats_dir}")
+    reference_run(list(runs.values()), reference)  # fails early, naming the backends found
     refs = {s["max_steps"]: s for s in runs.values() if s["backend"] == reference}
-    if not refs:
-        backends = sorted({s["backend"] for s in runs.values()})
-        raise stats_io.StatsError(f"no run of reference backend {reference!r} in {stats_dir}; backends there: {backends}")
     summaries = [summarise(s, skip) for s in runs.values()]
     comparisons = [compare(refs[s["max_steps"]], s) for s in runs.values()
                    if s["backend"] != reference and s["max_steps"] in refs]
-    return render(summaries=summaries, comparisons=comparisons, reference=reference,
-                  reference_stats=refs[min(refs)], stats_files=[str(p) for p in runs], template=template)
+    return render(summaries=summaries, comparisons=comparisons, reference=reference, runs=list(runs.values()),
+                  stats_files=[str(p) for p in runs], template=template)

@@ -76,6 +76,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     problems = load_problems(dataset, system_prompt=config.get("system_prompt"), tokenizer=tokenizer)
 
     run_dir = out.parent / "runs" / out.stem
+    overrides = backend.grpo_overrides(options)
     args = GRPOConfig(
         output_dir=str(run_dir),
         max_steps=max_steps,
@@ -84,7 +85,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         fp16=config["dtype"] == "float16" and device == "cuda",
         **grpo,
         **FIXED_ARGS,
-        **backend.grpo_overrides(options),
+        **overrides,
     )
     probe = MemoryProbe(device)
     recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None)
@@ -117,7 +118,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "memory_measure": probe.describe(),
         "steps": steps,
         "trainer_summary": recorder.run_summary,
-        "effective_config": effective_config(trainer, loaded, spec),
+        "effective_config": {**effective_config(trainer), "rollout_settings": sorted(overrides)},
         "environment": environment.describe(),
     }
     stats.write(out, result)
@@ -125,7 +126,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     return result
 
 
-def effective_config(trainer, loaded, spec) -> dict:
+def effective_config(trainer) -> dict:
     """Settings as the trainer resolved them (read back, not as asked: Unsloth changes some by itself)."""
     args = trainer.args
     model = trainer.model

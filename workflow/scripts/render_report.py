@@ -11,9 +11,7 @@ def read(paths):
 
 with to_log(snakemake.log[0]):
     reference = snakemake.params.reference
-    runs = [stats.load(p) for p in snakemake.input.stats]
-    reference_stats = min((s for s in runs if s["backend"] == reference), key=lambda s: s["max_steps"])
     text = report.render(summaries=read(snakemake.input.summaries), comparisons=read(snakemake.input.comparisons),
-                         reference=reference, reference_stats=reference_stats, stats_files=list(snakemake.input.stats),
-                         template=Path(snakemake.input.template))
+                         reference=reference, runs=[stats.load(p) for p in snakemake.input.stats],
+                         stats_files=list(snakemake.input.stats), template=Path(snakemake.input.template))
     Path(snakemake.output[0]).write_text(text)

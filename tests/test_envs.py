@@ -1,0 +1,29 @@
+"""The environments the rules use agree with the project's own requirements."""
+
+import tomllib
+
+import yaml
+
+from conftest import ROOT
+
+
+def pip_pins(env_file: str) -> dict[str, str]:
+    env = yaml.safe_load((ROOT / "envs" / env_file).read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    return dict(line.split("==") for line in pip if "==" in line and not line.startswith("-"))
+
+
+def test_gpu_env_pins_the_gpu_extra():
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    pins = pip_pins("gpu.yaml")
+    assert dict(req.split("==") for req in extra) == {k: v for k, v in pins.items() if k not in ("jinja2", "jsonschema")}
+
+
+def test_gpu_env_keeps_unsloths_limits():
+    pins = pip_pins("gpu.yaml")
+    assert tuple(map(int, pins["trl"].split("."))) <= (1, 15, 0)
+    assert tuple(map(int, pins["transformers"].split("."))) <= (5, 17, 0)
+
+
+def test_cpu_env_has_a_trl_whose_grpo_runs_without_triton():
+    assert pip_pins("cpu.yaml")["trl"].startswith("1.16")
