@@ -1,5 +1,6 @@
 """Where a run ran: package versions, accelerator, and the project's git commit."""
 
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -21,7 +22,13 @@ def package_versions() -> dict[str, str | None]:
 
 
 def git_commit() -> str | None:
-    """HEAD of the project, with "-dirty" when tracked files differ from it."""
+    """HEAD of the project, with "-dirty" when tracked files differ from it.
+
+    A copy of the tree without its .git (a cluster's staging copy, an archive) can name its commit in
+    GRPO_EQUIVALENCE_COMMIT.
+    """
+    if os.environ.get("GRPO_EQUIVALENCE_COMMIT"):
+        return os.environ["GRPO_EQUIVALENCE_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT,
