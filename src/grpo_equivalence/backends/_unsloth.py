@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from .base import Backend, Loaded, LoadSpec, torch_dtype
 
 UNSLOTH_PACKAGES = (("transformers", "transformers"), ("peft", "peft"), ("trl", "trl<=1.15.0"),
-                    ("unsloth", "unsloth"), ("unsloth_zoo", "unsloth_zoo"))
+                    ("unsloth", "unsloth"), ("unsloth_zoo", "unsloth_zoo"), ("bitsandbytes", "bitsandbytes"))
 
 
 @dataclass(frozen=True)
