@@ -26,6 +26,19 @@ def speed_tables(summaries: list[dict], comparisons: list[dict], reference: str)
     return tables
 
 
+# Trainer settings shown in the report's study settings (all are in the statistics files).
+STUDY_SETTINGS = (
+    "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+    "generation_batch_size", "steps_per_generation", "max_completion_length", "temperature", "top_p", "top_k",
+    "min_p", "repetition_penalty", "seed", "beta", "epsilon", "epsilon_high", "loss_type", "scale_rewards",
+    "max_grad_norm", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode", "use_transformers_continuous_batching", "transformers_continuous_batching_config",
+    "num_iterations", "gradient_checkpointing", "optim", "lr_scheduler_type", "warmup_steps",
+    "weight_decay", "mask_truncated_completions", "bf16", "fp16", "max_steps", "logging_steps", "use_cpu",
+    "shuffle_dataset", "top_entropy_quantile", "importance_sampling_level", "disable_dropout",
+)
+
+
 # Settings that legitimately differ between runs of one study: not backend differences.
 PER_RUN_SETTINGS = ("trainer.max_steps",)
 
@@ -79,7 +92,7 @@ def reference_run(runs: list[dict], reference: str) -> dict:
 def study_settings(reference_stats: dict) -> dict:
     config = reference_stats["effective_config"]
     return {"model": reference_stats["model"], "dataset": reference_stats["dataset"], "seed": reference_stats["seed"],
-            "trainer": config.get("trainer", {}), "lora": config.get("lora"), "generation": config.get("generation"),
+            "trainer": {k: v for k, v in config.get("trainer", {}).items() if k in STUDY_SETTINGS}, "lora": config.get("lora"), "generation": config.get("generation"),
             "memory_measure": reference_stats.get("memory_measure"), "environment": reference_stats["environment"]}
 
 

@@ -86,7 +86,7 @@ def write(path: Path, stats: dict) -> None:
     tmp = path.with_name(path.name + ".partial")
     # NaN is kept as NaN (Python's JSON reads it back) so that a diverged run is recorded as it was and
     # the comparison can refuse it, rather than turning it into null ("not logged").
-    tmp.write_text(json.dumps(stats, indent=1) + "\n")
+    tmp.write_text(json.dumps(stats, indent=1, default=str) + "\n")
     os.replace(tmp, path)
 
 

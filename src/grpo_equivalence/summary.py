@@ -24,4 +24,14 @@ def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
         "median_step_s": statistics.median(timed),
         "median_over_steps": [skip + 1, stats["steps"][-1]["step"]],
         "peak_mem_gb": stats["peak_mem_gb"],
+        # CUDA only (null elsewhere): the allocator's peaks and the driver's figure, largest over the steps
+        **{key: _largest(stats["steps"], key) for key in CUDA_MEMORY},
     }
+
+
+CUDA_MEMORY = ("peak_allocated_gb", "peak_reserved_gb", "device_used_gb")
+
+
+def _largest(steps: list[dict], key: str) -> float | None:
+    values = [s[key] for s in steps if s.get(key) is not None]
+    return max(values) if values else None

@@ -12,17 +12,8 @@ from .rewards import make_reward_functions
 # Settings the workflow itself fixes for every run (not study choices): one log per optimizer step so
 # that statistics align step by step, and no checkpoints (the statistics file is the run's output).
 FIXED_ARGS = {"logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True}
-# GRPOConfig fields recorded in `effective_config`: the settings that change the numbers.
-RECORDED_ARGS = (
-    "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
-    "generation_batch_size", "steps_per_generation", "max_completion_length", "temperature", "top_p", "top_k",
-    "min_p", "repetition_penalty", "seed", "beta", "epsilon", "epsilon_high", "loss_type", "scale_rewards",
-    "max_grad_norm", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_importance_sampling_correction",
-    "vllm_importance_sampling_mode", "use_transformers_continuous_batching", "transformers_continuous_batching_config",
-    "num_iterations", "gradient_checkpointing", "optim", "lr_scheduler_type", "warmup_steps",
-    "weight_decay", "mask_truncated_completions", "bf16", "fp16", "max_steps", "logging_steps", "use_cpu",
-    "shuffle_dataset", "top_entropy_quantile", "importance_sampling_level", "disable_dropout",
-)
+# Trainer arguments left out of `effective_config`: paths that differ per run by construction.
+UNRECORDED_ARGS = ("output_dir", "logging_dir", "run_name")
 
 
 def device_for(gpus: int) -> str:
@@ -137,7 +128,8 @@ def effective_config(trainer) -> dict:
                 "target_modules": sorted(peft.target_modules) if peft.target_modules else None}
     generation = getattr(trainer, "generation_config", None)
     return {
-        "trainer": {key: getattr(args, key, None) for key in RECORDED_ARGS},
+        # Every argument, not a chosen few: a setting a library changes by itself must show up
+        "trainer": {key: value for key, value in args.to_dict().items() if key not in UNRECORDED_ARGS},
         "generation": generation.to_diff_dict() if generation is not None else None,
         "lora": lora,
         "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
