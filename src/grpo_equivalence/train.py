@@ -1,5 +1,6 @@
 """One GRPO training run: a backend, a step count, and the study's settings; writes the statistics file."""
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,10 +67,11 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     tokenizer.chat_template = CHAT_TEMPLATE  # the study's format, whatever template the model shipped with
     problems = load_problems(dataset, system_prompt=config.get("system_prompt"), tokenizer=tokenizer)
 
-    run_dir = out.parent / "runs" / out.stem
+    # No checkpoints are saved; the trainer's output_dir is a scratch folder, not a result.
+    scratch = tempfile.TemporaryDirectory(prefix=f"grpo_{backend_name}_{max_steps}_")
     overrides = backend.grpo_overrides(options)
     args = GRPOConfig(
-        output_dir=str(run_dir),
+        output_dir=scratch.name,
         max_steps=max_steps,
         use_cpu=device == "cpu",
         bf16=config["dtype"] == "bfloat16" and device == "cuda",
@@ -113,6 +115,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "environment": environment.describe(),
     }
     stats.write(out, result)
+    scratch.cleanup()
     log(f"[{backend_name} x {max_steps}] {len(steps)} steps in {train_wall:.1f} s -> {out}")
     return result
 
