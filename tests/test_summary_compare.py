@@ -12,6 +12,16 @@ def test_median_step_leaves_out_the_warm_up():
     assert summary["median_step_s"] == 2.0
     assert summary["median_over_steps"] == [4, 6]
     assert summary["train_wall_s"] == 60.0 and summary["peak_mem_gb"] == pytest.approx(1.06)
+    assert summary["steps_with_reward_signal"] == 6  # frac_reward_zero_std 0.25 at every step
+
+
+def test_steps_with_signal_counts_steps_where_some_group_varied():
+    run = make_stats(n=4)
+    for step, fraction in zip(run["steps"], (1.0, 0.5, 1.0, 0.0)):
+        step["metrics"]["frac_reward_zero_std"] = fraction
+    assert summarise(run, skip=3)["steps_with_reward_signal"] == 2
+    del run["steps"][0]["metrics"]["frac_reward_zero_std"]
+    assert summarise(run, skip=3)["steps_with_reward_signal"] is None  # not logged, never 0
 
 
 def test_summary_needs_steps_after_the_warm_up():

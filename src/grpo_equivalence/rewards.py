@@ -15,6 +15,11 @@ def _text(completion) -> str:
     return completion[0]["content"] if isinstance(completion, list) else completion
 
 
+def _extract(pattern, completions) -> list[str | None]:
+    """The first group of `pattern` in each completion, None where it does not match."""
+    return [m.group(1) if (m := pattern.search(_text(c))) is not None else None for c in completions]
+
+
 def make_reward_functions(eos_token: str | None) -> list:
     """The four reward functions, in REWARD_NAMES order."""
     exact = match_format(eos_token)
@@ -32,13 +37,10 @@ def make_reward_functions(eos_token: str | None) -> list:
 
     def check_answer(completions, answer, **kwargs):
         scores = []
-        for c, true_answer in zip(completions, answer, strict=True):
-            found = exact.search(_text(c))
-            if found is None:
+        for guess, true_answer in zip(_extract(exact, completions), answer, strict=True):
+            if guess is None:
                 scores.append(-2.0)
-                continue
-            guess = found.group(1)
-            if guess == true_answer:
+            elif guess == true_answer:
                 scores.append(5.0)
             elif guess.strip() == true_answer.strip():
                 scores.append(3.5)
@@ -58,13 +60,12 @@ def make_reward_functions(eos_token: str | None) -> list:
 
     def check_numbers(completions, answer, **kwargs):
         scores = []
-        for c, true_answer in zip(completions, answer, strict=True):
-            found = MATCH_NUMBERS.search(_text(c))
-            if found is None:
+        for guess, true_answer in zip(_extract(MATCH_NUMBERS, completions), answer, strict=True):
+            if guess is None:
                 scores.append(-2.5)
                 continue
             try:
-                scores.append(3.5 if float(found.group(1).strip().replace(",", "")) == float(true_answer.strip()) else -1.5)
+                scores.append(3.5 if float(guess.strip().replace(",", "")) == float(true_answer.strip()) else -1.5)
             except ValueError:
                 scores.append(0.0)
         return scores

@@ -24,6 +24,8 @@ def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
         "median_step_s": statistics.median(timed),
         "median_over_steps": [skip + 1, stats["steps"][-1]["step"]],
         "peak_mem_gb": stats["peak_mem_gb"],
+        # GRPO learns only from groups whose rewards differ: steps where some group did (null: not logged)
+        "steps_with_reward_signal": _steps_with_signal(stats["steps"]),
         # CUDA only (null elsewhere): the allocator's peaks and the driver's figure, largest over the steps
         **{key: _largest(stats["steps"], key) for key in CUDA_MEMORY},
     }
@@ -35,3 +37,10 @@ CUDA_MEMORY = ("peak_allocated_gb", "peak_reserved_gb", "device_used_gb")
 def _largest(steps: list[dict], key: str) -> float | None:
     values = [s[key] for s in steps if s.get(key) is not None]
     return max(values) if values else None
+
+
+def _steps_with_signal(steps: list[dict]) -> int | None:
+    fractions = [s["metrics"].get("frac_reward_zero_std") for s in steps]
+    if any(f is None for f in fractions):
+        return None
+    return sum(f < 1 for f in fractions)
