@@ -44,8 +44,13 @@ def check_runnable(config: dict, backend_names) -> None:
         raise backends.BackendUnavailable("\n".join(problems))
 
 
+def check_packages(backend_name: str) -> None:
+    """The backend's packages, checked without touching CUDA (before a GPU lease is taken)."""
+    backends.get(backend_name).check_runnable(None)
+
+
 def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
-        log=print) -> dict:
+        gpu_lease: dict | None = None, log=print) -> dict:
     """Trains and writes `out`. `model_path`/`dataset` are the config's, resolved (tiny study: built files)."""
     backend = backends.get(backend_name)
     device = device_for(config["gpus_per_train_job"])
@@ -112,7 +117,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "steps": steps,
         "trainer_summary": recorder.run_summary,
         "effective_config": {**effective_config(trainer), "rollout_settings": sorted(overrides)},
-        "environment": environment.describe(),
+        "environment": {**environment.describe(), "gpu_lease": gpu_lease},
     }
     stats.write(out, result)
     scratch.cleanup()

@@ -1,4 +1,5 @@
 # Shared by every rule: the package on the path, the config checked, and the input functions.
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
 
-from grpo_equivalence import backends, paths
+from grpo_equivalence import backends, paths, schedule
+from grpo_equivalence.codedeps import code_hash
 from grpo_equivalence.report import TEMPLATE as REPORT_TEMPLATE
 from grpo_equivalence.config import TINY, ConfigError, check
 
@@ -25,10 +27,20 @@ except ConfigError as error:
     raise WorkflowError(f"{error}\n(config files: {', '.join(map(str, workflow.configfiles)) or 'none'})")
 validate(config, "../schemas/config.schema.yaml")
 
+# Jobs run `python -m grpo_equivalence.jobs STAGE ...`: `python` is the interpreter running Snakemake
+# (its folder goes first on PATH), or the rule's own when its conda environment is activated over it.
+os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
 BACKENDS = config["backends"]
 REFERENCE = config["reference"]
 STEPS = config["steps"]
 CANDIDATES = [b for b in BACKENDS if b != REFERENCE]
+
+
+def job_args(**args):
+    """A job's arguments as one JSON string. As the `settings` param, a change in them reruns the job;
+    Snakemake ignores params computed from input or output paths (`io`) when deciding that."""
+    return json.dumps(args, sort_keys=True, default=str)
 
 
 def conda_env(name):
@@ -64,6 +76,11 @@ def get_train_inputs(wildcards):
     if config["dataset"]["path"] == TINY:
         inputs["data"] = paths.TINY_DATA
     return inputs
+
+
+def train_code(wildcards):
+    """The training code of this backend: shared training modules plus the backend's own file."""
+    return code_hash("grpo_equivalence.train", f"grpo_equivalence.backends.{wildcards.backend}")
 
 
 def get_train_settings(wildcards):

@@ -1,4 +1,6 @@
 # The report, rendered from the summaries and comparisons with report_templates/grpo_equivalence.md.j2.
+# The template is not an input but hashed into `code`: an input is compared by
+# modification time, and a fresh clone's timestamps would rerender an unchanged report.
 
 
 rule render_report:
@@ -6,14 +8,20 @@ rule render_report:
         summaries=all_summaries(),
         comparisons=all_comparisons(),
         stats=all_stats(),
-        template=str(REPORT_TEMPLATE),
     output:
         report(paths.REPORT, category="Equivalence"),
     params:
-        reference=REFERENCE,
+        settings=job_args(reference=REFERENCE),
+        code=code_hash("grpo_equivalence.report", files=[REPORT_TEMPLATE]),
+        io=lambda wildcards, input, output: job_args(
+            summaries=list(input.summaries),
+            comparisons=list(input.comparisons),
+            stats=list(input.stats),
+            out=output[0],
+        ),
     conda:
         conda_env("cpu")
     log:
         log_for("render_report"),
-    script:
-        "../scripts/render_report.py"
+    shell:
+        "python -m grpo_equivalence.jobs render_report {params.settings:q} {params.io:q} > {log} 2>&1"

@@ -5,26 +5,30 @@ rule prepare_model:
     output:
         directory(paths.TINY_MODEL),
     params:
-        tiny=config.get("tiny"),
+        settings=job_args(tiny=config.get("tiny")),
+        code=code_hash("grpo_equivalence.tiny"),
+        io=lambda wildcards, output: job_args(out=output[0]),
     conda:
         conda_env("cpu")
     log:
         log_for("prepare_model"),
-    script:
-        "../scripts/prepare_model.py"
+    shell:
+        "python -m grpo_equivalence.jobs prepare_model {params.settings:q} {params.io:q} > {log} 2>&1"
 
 
 rule prepare_data:
     output:
         paths.TINY_DATA,
     params:
-        tiny=config.get("tiny"),
+        settings=job_args(tiny=config.get("tiny")),
+        code=code_hash("grpo_equivalence.tiny"),
+        io=lambda wildcards, output: job_args(out=output[0]),
     conda:
         conda_env("cpu")
     log:
         log_for("prepare_data"),
-    script:
-        "../scripts/prepare_data.py"
+    shell:
+        "python -m grpo_equivalence.jobs prepare_data {params.settings:q} {params.io:q} > {log} 2>&1"
 
 
 rule prime:
@@ -34,12 +38,15 @@ rule prime:
     output:
         directory(paths.PRIMED_MODEL),
     params:
-        tiny=config.get("tiny"),
-        system_prompt=config.get("system_prompt"),
+        settings=job_args(tiny=config.get("tiny"), system_prompt=config.get("system_prompt")),
+        code=code_hash("grpo_equivalence.prime"),
+        io=lambda wildcards, input, output, threads: job_args(
+            model=input.model, data=input.data, out=output[0], threads=threads
+        ),
     threads: 2
     conda:
         conda_env("cpu")
     log:
         log_for("prime"),
-    script:
-        "../scripts/prime.py"
+    shell:
+        "python -m grpo_equivalence.jobs prime {params.settings:q} {params.io:q} > {log} 2>&1"

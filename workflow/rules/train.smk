@@ -1,5 +1,6 @@
 # GRPO training, one job per backend x step count. The `gpu` resource lets Snakemake run as many train
-# jobs at once as --resources gpu=N allows (0 in the CPU tiny study, so they only share cores).
+# jobs at once as --resources gpu=N allows (0 in the CPU tiny study, so they only share cores); each
+# job then leases its own GPU(s) (grpo_equivalence.gpus), since Snakemake only counts them.
 
 
 rule train:
@@ -8,9 +9,17 @@ rule train:
     output:
         paths.STATS,
     params:
-        settings=get_train_settings,
-        model_path=model_path(),
-        dataset=dataset_spec(),
+        settings=lambda wildcards: job_args(
+            config=get_train_settings(wildcards),
+            backend=wildcards.backend,
+            steps=int(wildcards.steps),
+            model_path=model_path(),
+            dataset=dataset_spec(),
+        ),
+        code=train_code,
+        io=lambda wildcards, output, threads: job_args(out=output[0], threads=threads),
+    # Longest expected job first, so that the GPUs finish together (grpo_equivalence.schedule).
+    priority: lambda wildcards: schedule.priority(wildcards.backend, int(wildcards.steps))
     resources:
         gpu=config["gpus_per_train_job"],
     threads: config.get("train_threads", 1)
@@ -18,8 +27,8 @@ rule train:
         train_env()
     log:
         log_for("train/{backend}_{steps}"),
-    script:
-        "../scripts/train.py"
+    shell:
+        "python -m grpo_equivalence.jobs train {params.settings:q} {params.io:q} > {log} 2>&1"
 
 
 # Run locally, a backend that cannot train on this machine stops the workflow before any job starts

@@ -41,14 +41,14 @@ class Backend:
     needs_cuda: bool = False
     options: dict[str, str] = field(default_factory=dict)  # option name -> help
 
-    def check_runnable(self, device: str) -> None:
-        """Raises BackendUnavailable naming what is missing and how to fix it."""
+    def check_runnable(self, device: str | None) -> None:
+        """Raises BackendUnavailable naming what is missing and how to fix it (device None: packages only)."""
         missing = [req for module, req in self.packages if importlib.util.find_spec(module) is None]
         problems = []
         if missing:
             problems.append(f"missing package(s) {', '.join(missing)} (install with: pip install {' '.join(missing)}, "
                             f"or pip install -e .[gpu] for the whole GPU stack)")
-        if self.needs_cuda and device != "cuda":
+        if self.needs_cuda and device not in ("cuda", None):
             problems.append("it needs a CUDA GPU and this job has none (run it on a GPU node with gpus_per_train_job >= 1)")
         if problems:
             raise BackendUnavailable(

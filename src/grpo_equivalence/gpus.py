@@ -1,0 +1,146 @@
+"""Each running train job holds its own GPU(s) for its whole life.
+
+Snakemake's `--resources gpu=N` only counts GPUs; it does not say which one a job should use, so without
+this every job would land on GPU 0. A job leases devices from the visible ones (CUDA_VISIBLE_DEVICES as
+the user set it, else every GPU the driver lists) by taking an exclusive `flock` on one lock file per
+device. The kernel releases a flock when its process ends, however it ends, so a killed job's GPU comes
+back by itself; a request that finds too few free devices waits and retries.
+
+Under SLURM the scheduler has already given the job its devices (and set CUDA_VISIBLE_DEVICES), so the
+lease steps aside.
+"""
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# For machines where the driver cannot be asked (and for tests): a comma-separated device list.
+DEVICES_ENV = "GRPO_EQUIVALENCE_GPUS"
+LOCK_DIR_ENV = "GRPO_EQUIVALENCE_GPU_LOCKS"
+
+
+@dataclass
+class Lease:
+    devices: list[str]
+    source: str  # "lease", "slurm", or "none" (a CPU job)
+    waited_s: float = 0.0
+    _files: list = field(default_factory=list, repr=False)
+
+    def record(self) -> dict:
+        return {"devices": self.devices, "source": self.source, "waited_s": round(self.waited_s, 3)}
+
+
+def visible_devices() -> list[str]:
+    """The devices this process may use, in the user's terms (indices or UUIDs)."""
+    for env in (DEVICES_ENV, "CUDA_VISIBLE_DEVICES"):
+        value = os.environ.get(env)
+        if value is not None:
+            return [d.strip() for d in value.split(",") if d.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def lock_dir() -> Path:
+    # One folder per machine and user, shared by every workflow on it, so that two workflows on one
+    # box do not share a GPU either.
+    default = Path(tempfile.gettempdir()) / f"grpo-equivalence-gpu-leases-{os.getuid()}"
+    path = Path(os.environ.get(LOCK_DIR_ENV, default))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _try_lock(path: Path):
+    handle = open(path, "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def acquire(count: int, *, poll_s: float = 2.0, log=print) -> Lease:
+    """Leases `count` devices, waiting while fewer are free; all or nothing, so waiters never deadlock."""
+    if count == 0:
+        return Lease(devices=[], source="none")
+    if os.environ.get("SLURM_JOB_ID"):
+        assigned = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("SLURM_JOB_GPUS") or ""
+        return Lease(devices=[d for d in assigned.split(",") if d], source="slurm")
+    devices = visible_devices()
+    if len(devices) < count:
+        raise RuntimeError(
+            f"this job needs {count} GPU(s) but {len(devices)} are visible ({devices or 'none'}); lower "
+            f"gpus_per_train_job, or make more devices visible (CUDA_VISIBLE_DEVICES, {DEVICES_ENV})"
+        )
+    folder = lock_dir()
+    start = time.monotonic()
+    announced = False
+    while True:
+        held = []
+        for device in devices:
+            handle = _try_lock(folder / f"gpu-{device}.lock")
+            if handle is not None:
+                held.append((device, handle))
+                if len(held) == count:
+                    lease = Lease(devices=[d for d, _ in held], source="lease", waited_s=time.monotonic() - start,
+                                  _files=[h for _, h in held])
+                    for handle in lease._files:  # who holds it, for a person looking at the lock folder
+                        handle.truncate(0)
+                        handle.write(f"{os.getpid()}\n")
+                        handle.flush()
+                    return lease
+        for _, handle in held:
+            handle.close()  # closing releases the lock
+        if not announced:
+            log(f"waiting for {count} free GPU(s) among {devices} (leases in {folder})")
+            announced = True
+        time.sleep(poll_s)
+
+
+def release(lease: Lease) -> None:
+    for handle in lease._files:
+        handle.close()
+    lease._files.clear()
+
+
+@contextlib.contextmanager
+def leased(count: int, *, log=print):
+    """Holds `count` GPUs for the block and makes them the only ones CUDA sees in this process."""
+    lease = acquire(count, log=log)
+    previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if lease.source == "lease":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(lease.devices)
+        log(f"holding GPU(s) {', '.join(lease.devices)}" + (f" after waiting {lease.waited_s:.0f} s" if lease.waited_s >= 1 else ""))
+    try:
+        yield lease
+    finally:
+        release(lease)
+        if lease.source == "lease":
+            if previous is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = previous
+
+
+def main(argv=None) -> int:
+    """`python -m grpo_equivalence.gpus COUNT -- COMMAND ...`: run COMMAND holding COUNT leased GPUs."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
+        sys.exit("usage: python -m grpo_equivalence.gpus COUNT -- COMMAND [ARG ...]")
+    with leased(int(argv[0]), log=lambda s: print(s, file=sys.stderr, flush=True)):
+        return subprocess.run(argv[2:]).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

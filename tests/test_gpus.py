@@ -1,0 +1,132 @@
+"""GPU leases with a configured device list instead of real GPUs, and real concurrent processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+from grpo_equivalence import gpus
+
+# Each job records which device it saw and when it held it.
+JOB = "import os, sys, time; t = time.time(); time.sleep(float(sys.argv[2])); " \
+      "open(sys.argv[1], 'a').write(f\"{os.environ['CUDA_VISIBLE_DEVICES']} {t} {time.time()}\\n\")"
+
+
+@pytest.fixture
+def fake_gpus(tmp_path, monkeypatch):
+    def env(devices):
+        monkeypatch.setenv(gpus.DEVICES_ENV, devices)
+        monkeypatch.setenv(gpus.LOCK_DIR_ENV, str(tmp_path / "locks"))
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+        return dict(os.environ)
+    return env
+
+
+def start_job(env, record, seconds, count=1):
+    return subprocess.Popen([sys.executable, "-m", "grpo_equivalence.gpus", str(count), "--", sys.executable, "-c", JOB,
+                             str(record), str(seconds)], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def intervals(record):
+    rows = [line.split() for line in record.read_text().splitlines()]
+    return [(devices, float(start), float(end)) for devices, start, end in rows]
+
+
+def test_concurrent_jobs_never_share_a_device_and_extra_requests_wait(fake_gpus, tmp_path):
+    env = fake_gpus("0,1")
+    record = tmp_path / "record"
+    jobs = [start_job(env, record, 0.6) for _ in range(5)]
+    stderr = [job.communicate(timeout=60)[1] for job in jobs]
+    assert all(job.returncode == 0 for job in jobs)
+    held = intervals(record)
+    assert len(held) == 5 and {d for d, _, _ in held} == {"0", "1"}
+    for i, (dev_a, start_a, end_a) in enumerate(held):
+        for dev_b, start_b, end_b in held[i + 1:]:
+            if dev_a == dev_b:
+                assert end_a <= start_b or end_b <= start_a, "two jobs held one device at once"
+    # Five jobs on two devices: at most two at any moment, so some had to wait.
+    events = sorted([(s, 1) for _, s, _ in held] + [(e, -1) for _, _, e in held])
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert peak == 2
+    assert any("waiting for 1 free GPU" in err for err in stderr)
+
+
+def test_a_killed_jobs_lease_comes_back(fake_gpus, tmp_path):
+    env = fake_gpus("0")
+    record = tmp_path / "record"
+    holder = start_job(env, record, 60)
+    time.sleep(1.5)  # it holds the only device now
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=10)
+    started = time.time()
+    follower = start_job(env, record, 0.1)
+    assert follower.wait(timeout=20) == 0
+    (devices, start, _), = intervals(record)
+    assert devices == "0" and start - started < 5
+
+
+def test_multi_gpu_lease_is_all_or_nothing(fake_gpus, tmp_path):
+    fake_gpus("0,1,2")
+    first = gpus.acquire(2)
+    try:
+        assert first.devices == ["0", "1"] and first.source == "lease"
+        second = gpus.acquire(1)
+        assert second.devices == ["2"]
+        gpus.release(second)
+    finally:
+        gpus.release(first)
+    again = gpus.acquire(3)
+    assert again.devices == ["0", "1", "2"]
+    gpus.release(again)
+
+
+def test_respects_the_users_cuda_visible_devices(monkeypatch, tmp_path):
+    monkeypatch.delenv(gpus.DEVICES_ENV, raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setenv(gpus.LOCK_DIR_ENV, str(tmp_path))
+    with gpus.leased(1, log=lambda s: None) as lease:
+        assert lease.devices == ["2"] and os.environ["CUDA_VISIBLE_DEVICES"] == "2"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_under_slurm_the_lease_steps_aside(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv(gpus.LOCK_DIR_ENV, str(tmp_path))
+    lease = gpus.acquire(1)
+    assert lease.source == "slurm" and lease.devices == ["1"] and not list(tmp_path.iterdir())
+
+
+def test_too_few_visible_devices_is_an_error_not_a_wait(fake_gpus):
+    fake_gpus("0")
+    with pytest.raises(RuntimeError, match="needs 2 GPU.*1 are visible"):
+        gpus.acquire(2)
+
+
+def test_cpu_jobs_take_no_lease(fake_gpus):
+    fake_gpus("0")
+    assert gpus.acquire(0).source == "none"
+
+
+def test_longest_expected_job_first(tmp_path):
+    from grpo_equivalence import schedule
+    from grpo_equivalence.stats import write
+    from helpers import make_stats
+
+    # Unmeasured backends: more steps first.
+    assert schedule.priority("hf", 30, tmp_path) > schedule.priority("hf", 10, tmp_path)
+    # Measured: a backend with 2 s steps at 10 steps outranks one with 0.1 s steps at 30.
+    slow, fast = make_stats("slow", 10, wall=lambda i: 2.0), make_stats("fast", 30, wall=lambda i: 0.1)
+    slow["train_wall_s"], fast["train_wall_s"] = 25.0, 5.0  # 5 s and 2 s of start-up overhead
+    write(tmp_path / "grpo_slow_10.json", slow)
+    write(tmp_path / "grpo_fast_30.json", fast)
+    assert schedule.priority("slow", 10, tmp_path) > schedule.priority("fast", 30, tmp_path)
+    assert schedule.expected_seconds("fast", 60, tmp_path) == pytest.approx(2.0 + 60 * 0.1)

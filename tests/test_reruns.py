@@ -1,0 +1,134 @@
+"""After a change, exactly what it made stale reruns: asserted from Snakemake's own plan (a dry run).
+
+The tiny study runs once in a copy of the project; each test edits the copy, asks Snakemake what it
+would run, and puts the copy back.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.workflow
+PROJECT_FILES = ("Snakefile", "config.yaml", "pyproject.toml", "src", "workflow", "report_templates", "studies", "envs")
+STEPS = (4, 5)
+
+
+def snakemake(project: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", "results/grpo_equivalence.md", "--cores", "2",
+                           "--configfile", "study.yaml", *args], cwd=project, capture_output=True, text=True, timeout=900)
+
+
+def plan(project: Path) -> set[tuple[str, str]]:
+    """(rule, output) of every job a dry run would run."""
+    result = snakemake(project, "--dry-run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs, rule = set(), None
+    for line in result.stdout.splitlines():
+        if m := re.match(r"^(?:local)?rule (\w+):$", line):
+            rule = m.group(1)
+        elif rule and (m := re.match(r"^\s+output: (\S+)", line)):
+            jobs.add((rule, m.group(1).rstrip(",")))
+            rule = None
+    return jobs
+
+
+def rules(jobs) -> dict[str, int]:
+    counts = {}
+    for rule, _ in jobs:
+        counts[rule] = counts.get(rule, 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    project = tmp_path_factory.mktemp("project")
+    for name in PROJECT_FILES:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, project / name)
+    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config["steps"] = list(STEPS)
+    (project / "study.yaml").write_text(yaml.safe_dump(config))
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], cwd=project, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "study"], cwd=project, check=True)
+    result = snakemake(project)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return project
+
+
+@pytest.fixture
+def edit(project):
+    """edit(path, change) rewrites a file of the copy with change(text); restored after the test."""
+    saved = {}
+
+    def apply(relative, change):
+        path = project / relative
+        saved.setdefault(path, path.read_text())
+        path.write_text(change(path.read_text()))
+
+    yield apply
+    for path, text in saved.items():
+        path.write_text(text)
+
+
+def test_nothing_changed_nothing_runs(project):
+    assert plan(project) == set()
+
+
+def test_template_changed_only_the_report(project, edit):
+    edit("report_templates/grpo_equivalence.md.j2", lambda t: t + "\nA closing line.\n")
+    assert plan(project) == {("render_report", "results/grpo_equivalence.md")}
+
+
+def test_comparison_code_changed_comparisons_and_report_no_training(project, edit):
+    edit("src/grpo_equivalence/compare.py", lambda t: t + "\n# a comment changes the content\n")
+    assert rules(plan(project)) == {"compare": len(STEPS), "render_report": 1}
+
+
+def test_one_backends_loader_changed_only_its_jobs(project, edit):
+    edit("src/grpo_equivalence/backends/cb_paged.py", lambda t: t + "\n# changed\n")
+    jobs = plan(project)
+    assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_cb_paged_{s}.json" for s in STEPS}
+    assert rules(jobs) == {"train": 2, "summarise": 2, "compare": 2, "render_report": 1}
+
+
+def test_one_backends_settings_changed_only_its_jobs(project, edit):
+    edit("study.yaml", lambda t: t.replace("num_blocks: 32", "num_blocks: 33"))
+    jobs = plan(project)
+    assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_cb_paged_{s}.json" for s in STEPS}
+
+
+def test_a_new_step_count_runs_only_the_new_jobs(project, edit):
+    edit("study.yaml", lambda t: t.replace("- 5\n", "- 5\n- 7\n"))
+    jobs = plan(project)
+    assert {out for rule, out in jobs if rule == "train"} == {"results/stats/grpo_hf_7.json", "results/stats/grpo_cb_paged_7.json"}
+    assert rules(jobs) == {"train": 2, "summarise": 2, "compare": 1, "render_report": 1}
+
+
+@pytest.mark.parametrize("shared", ["src/grpo_equivalence/rewards.py", "src/grpo_equivalence/train.py",
+                                    "src/grpo_equivalence/backends/base.py"])
+def test_rewards_or_shared_training_code_changed_all_train_jobs(project, edit, shared):
+    edit(shared, lambda t: t + "\n# changed\n")
+    trains = {out for rule, out in plan(project) if rule == "train"}
+    assert trains == {f"results/stats/grpo_{b}_{s}.json" for b in ("hf", "cb_paged") for s in STEPS}
+
+
+def test_touching_files_without_changing_them_reruns_nothing(project):
+    for path in (project / "src").rglob("*.py"):
+        path.touch()
+    (project / "report_templates" / "grpo_equivalence.md.j2").touch()
+    assert plan(project) == set()
+
+
+def test_a_fresh_clone_of_an_unchanged_tree_reruns_nothing(project, tmp_path):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(project), str(clone)], check=True)
+    for kept in ("results", ".snakemake", "study.yaml"):  # outputs and Snakemake's records, as they were
+        subprocess.run(["cp", "-a", str(project / kept), str(clone / kept)], check=True)
+    assert plan(clone) == set()
