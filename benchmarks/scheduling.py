@@ -6,7 +6,9 @@ GPU through the workflow's lease (grpo_equivalence.gpus) and ordered by the work
 the makespan with the priority and without it (Snakemake's own order), the lower bound
 max(longest job, total / N), and whether any two jobs ever shared a device.
 
-    python benchmarks/scheduling.py [SCALE]     (SCALE multiplies every duration; default 1)
+    python benchmarks/scheduling.py [SCALE] [REPEATS]   (SCALE multiplies every duration; defaults 1 and 3)
+
+Figures are medians over REPEATS runs of each setting.
 """
 
 import json
@@ -73,15 +75,19 @@ def run(n_gpus: int, use_priority: bool, scale: float) -> dict:
                 "lower_bound_s": max(max(durations.values()), total / n_gpus), "shared_a_device": shared}
 
 
-def main(scale: float) -> None:
+def main(scale: float, repeats: int) -> None:
+    import statistics
+
     for n_gpus in (2, 4):
         for use_priority in (True, False):
-            r = run(n_gpus, use_priority, scale)
-            print(f"{r['gpus']} GPUs, priority {'on ' if r['priority'] else 'off'}: makespan {r['makespan_s']:.2f} s "
-                  f"(lower bound {r['lower_bound_s']:.2f} s, ratio {r['makespan_s'] / r['lower_bound_s']:.2f}); "
-                  f"Snakemake wall {r['snakemake_wall_s']:.1f} s; two jobs on one device: {r['shared_a_device']}",
-                  flush=True)
+            runs = [run(n_gpus, use_priority, scale) for _ in range(repeats)]
+            makespan = statistics.median(r["makespan_s"] for r in runs)
+            bound = runs[0]["lower_bound_s"]
+            print(f"{n_gpus} GPUs, priority {'on ' if use_priority else 'off'}: median makespan {makespan:.2f} s "
+                  f"(lower bound {bound:.2f} s, ratio {makespan / bound:.2f}); median Snakemake wall "
+                  f"{statistics.median(r['snakemake_wall_s'] for r in runs):.1f} s; two jobs on one device in any run: "
+                  f"{any(r['shared_a_device'] for r in runs)}", flush=True)
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0)
+    main(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0, int(sys.argv[2]) if len(sys.argv) > 2 else 3)
