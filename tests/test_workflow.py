@@ -57,6 +57,13 @@ def test_every_job_ran_and_logged(study):
     assert "prime step" in (study / "results/logs/prime.log").read_text()
 
 
+def test_each_backend_trained_with_its_own_options(study):
+    tiny = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    trainer = load(study, "cb_paged", STEPS[0])["effective_config"]["trainer"]
+    assert trainer["use_transformers_continuous_batching"] is True
+    assert trainer["transformers_continuous_batching_config"] == tiny["backend_options"]["cb_paged"]["continuous_batching"]
+
+
 def test_report_speed_tables_match_the_statistics(study):
     report = (study / "results/grpo_equivalence.md").read_text()
     assert re.findall(r"^## (\d+) steps$", report, re.M) == [str(s) for s in STEPS]

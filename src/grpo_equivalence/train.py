@@ -1,5 +1,6 @@
 """One GRPO training run: a backend, a step count, and the study's settings; writes the statistics file."""
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -17,11 +18,15 @@ FIXED_ARGS = {"logging_steps": 1, "save_strategy": "no", "report_to": "none", "d
 UNRECORDED_ARGS = ("output_dir", "logging_dir", "run_name")
 
 
+# Train on the CPU although GPUs were requested: for test clusters whose GPUs are dummies.
+FORCE_CPU_ENV = "GRPO_EQUIVALENCE_TRAIN_DEVICE"
+
+
 def device_for(gpus: int) -> str:
     """"cuda" when the job was given GPUs, "cpu" when given none; fails if GPUs were promised but absent."""
     import torch
 
-    if gpus == 0:
+    if gpus == 0 or os.environ.get(FORCE_CPU_ENV) == "cpu":
         return "cpu"
     if not torch.cuda.is_available():
         raise RuntimeError(

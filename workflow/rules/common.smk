@@ -87,7 +87,8 @@ def get_train_settings(wildcards):
     """Everything of the config that a train job's numbers depend on: a change reruns the job."""
     keys = ("model", "dataset", "system_prompt", "dtype", "max_seq_length", "lora", "grpo", "gpus_per_train_job")
     settings = {key: config.get(key) for key in keys}
-    settings["backend_options"] = config.get("backend_options", {}).get(wildcards.backend, {})
+    # Only this backend's options: another backend's do not rerun this job.
+    settings["backend_options"] = {wildcards.backend: config.get("backend_options", {}).get(wildcards.backend, {})}
     return settings
 
 
