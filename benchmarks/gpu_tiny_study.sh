@@ -2,7 +2,7 @@
 # The tiny study on a GPU machine, through Snakemake, with every backend that can run there:
 # hf, cb_paged and unsloth_fi_false at 10 and 30 steps, reference unsloth_fi_false, one GPU per train job.
 # Writes the study's config, report, statistics and logs to OUTDIR (default: results/gpu-example).
-# Usage: benchmarks/gpu_tiny_study.sh [OUTDIR] [GPUS]
+# Usage: benchmarks/gpu_tiny_study.sh [OUTDIR] [GPUS]   (GPUS: the gpu resource, i.e. train jobs at once)
 set -euo pipefail
 out=${1:-results/gpu-example}
 gpus=${2:-1}

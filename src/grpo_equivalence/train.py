@@ -102,9 +102,11 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         callbacks=[recorder],
     )
     log(f"[{backend_name} x {max_steps}] training")
+    started_at = time.time()
     start = time.perf_counter()
     trainer.train()
     train_wall = time.perf_counter() - start
+    finished_at = time.time()
 
     steps = stats.step_records(recorder.records)
     peaks = [s["peak_mem_gb"] for s in steps if s["peak_mem_gb"] is not None]
@@ -117,6 +119,9 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "model_path": model_path,
         "dataset": config["dataset"]["path"],
         "train_wall_s": train_wall,
+        # Wall-clock bounds of trainer.train() (Unix time): which runs overlapped, on which GPUs
+        "train_started_at": started_at,
+        "train_finished_at": finished_at,
         "peak_mem_gb": max(peaks) if peaks else None,
         "memory_measure": probe.describe(),
         "steps": steps,
