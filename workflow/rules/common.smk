@@ -17,7 +17,7 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PY
 from grpo_equivalence import backends, paths, schedule
 from grpo_equivalence.codedeps import code_hash
 from grpo_equivalence.report import TEMPLATE as REPORT_TEMPLATE
-from grpo_equivalence.config import TINY, ConfigError, check
+from grpo_equivalence.config import SCHEMA, TINY, ConfigError, check
 
 # Our own check first: it names each bad key and its fix in one line, where the schema's raw error
 # quotes the whole schema. Then the schema itself through Snakemake (which also fills defaults).
@@ -25,7 +25,7 @@ try:
     check(config)
 except ConfigError as error:
     raise WorkflowError(f"{error}\n(config files: {', '.join(map(str, workflow.configfiles)) or 'none'})")
-validate(config, "../schemas/config.schema.yaml")
+validate(config, str(SCHEMA))
 
 # Jobs run `python -m grpo_equivalence.jobs STAGE ...`: `python` is the interpreter running Snakemake
 # (its folder goes first on PATH), or the rule's own when its conda environment is activated over it.
