@@ -11,7 +11,6 @@ max(longest job, total / N), and whether any two jobs ever shared a device.
 Figures are medians over REPEATS runs of each setting.
 """
 
-import json
 import subprocess
 import sys
 import tempfile
