@@ -40,7 +40,7 @@ def _largest(steps: list[dict], key: str) -> float | None:
 
 
 def _steps_with_signal(steps: list[dict]) -> int | None:
-    fractions = [s["metrics"].get("frac_reward_zero_std") for s in steps]
+    fractions = [s.get("metrics", {}).get("frac_reward_zero_std") for s in steps]
     if any(f is None for f in fractions):
         return None
     return sum(f < 1 for f in fractions)
