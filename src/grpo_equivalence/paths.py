@@ -1,6 +1,5 @@
 """Every output path of the workflow, defined once (the Snakefile's rules and the CLIs import these)."""
 
-RESULTS = "results"
 STATS = "results/stats/grpo_{backend}_{steps}.json"
 SUMMARY = "results/stats/grpo_{backend}_{steps}.summary.json"
 COMPARISON = "results/compare/{candidate}_vs_{reference}_{steps}.json"

@@ -6,6 +6,7 @@ import statistics
 from .stats import StatsError
 
 DEFAULT_SKIP = 3  # steps 1..3 compile kernels, capture graphs and grow allocators
+CUDA_MEMORY = ("peak_allocated_gb", "peak_reserved_gb", "device_used_gb")  # per-step keys on CUDA only
 
 
 def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
@@ -30,8 +31,6 @@ def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
         **{key: _largest(stats["steps"], key) for key in CUDA_MEMORY},
     }
 
-
-CUDA_MEMORY = ("peak_allocated_gb", "peak_reserved_gb", "device_used_gb")
 
 
 def _largest(steps: list[dict], key: str) -> float | None:
