@@ -45,3 +45,17 @@ def test_problems_are_seeded_and_correct():
     for row in rows:
         a, b = map(int, row["prompt"].split("+"))
         assert row["solution"] == str(a + b) and row["working"] == f"{a}+{b}={a + b}"
+
+
+def test_embedding_is_padded_like_a_real_checkpoints(tmp_path):
+    """vLLM (through Unsloth) needs an embedding of a multiple of 128 rows; the tokenizer stays smaller."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tiny.save_model(tmp_path, hidden_size=32, num_layers=1, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    rows = model.get_input_embeddings().weight.shape[0]
+    assert rows % 128 == 0 and len(tokenizer) < rows == model.config.vocab_size
+    assert tiny.padded_vocab_size(128) == 128 and tiny.padded_vocab_size(129) == 256
+    # ids past the tokenizer decode to nothing rather than failing
+    assert tokenizer.decode([rows - 1, tokenizer.convert_tokens_to_ids("7")]) == "7"

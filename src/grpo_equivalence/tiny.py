@@ -16,6 +16,15 @@ EOS, PAD, UNK = "<|endoftext|>", "<|pad|>", "<|unk|>"
 # Printable ASCII and newline, one token each; the four markers are single tokens so that the format
 # is cheap to learn for a model this small.
 CHARACTERS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+# Real checkpoints pad their embedding beyond the tokenizer (Qwen3: 151,936 rows for 151,669 tokens) to a
+# multiple that suits the kernels, and vLLM relies on it: Unsloth's load_vllm stops with "The size of tensor
+# a (103) must match the size of tensor b (128)" on an unpadded 103-row embedding. The rows past the
+# tokenizer are never a target; priming teaches the model not to sample them.
+VOCAB_MULTIPLE = 128
+
+
+def padded_vocab_size(tokens: int) -> int:
+    return -(-tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 def build_tokenizer():
@@ -45,7 +54,7 @@ def build_model(tokenizer, *, hidden_size: int, num_layers: int, seed: int):
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
+        vocab_size=padded_vocab_size(len(tokenizer)),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
