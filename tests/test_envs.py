@@ -27,3 +27,18 @@ def test_gpu_env_keeps_unsloths_limits():
 
 def test_cpu_env_has_a_trl_whose_grpo_runs_without_triton():
     assert pip_pins("cpu.yaml")["trl"].startswith("1.16")
+
+
+def test_gpu_lock_holds_the_gpu_pins():
+    """envs/gpu.lock.txt (envs/resolve-gpu-lock.sh) resolved the very pins of the `gpu` extra."""
+    import re
+
+    def norm(name):
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    lock = {norm(name): version for name, version in (
+        line.split("==") for line in (ROOT / "envs" / "gpu.lock.txt").read_text().splitlines() if line and not line.startswith("#"))}
+    for name, version in pip_pins("gpu.yaml").items():
+        if name not in ("jinja2", "jsonschema"):
+            assert lock[norm(name)] == version, name
+    assert lock["torch"] == "2.11.0" and lock["vllm"] == "0.26.0"
