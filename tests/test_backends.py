@@ -22,7 +22,7 @@ def spec(**options):
 
 
 def test_every_study_backend_is_registered_by_its_file():
-    assert backends.names() == ["cb_paged", "hf", "unsloth_fi_false", "vllm"]
+    assert backends.names() == ["cb_paged", "hf", "trl_vllm", "unsloth_fi_false", "vllm"]
     for name in backends.names():
         assert backends.get(name).name == name
         assert backends.module_file(name).endswith(f"backends/{name}.py")
@@ -39,7 +39,8 @@ def test_unknown_backend_lists_the_known_ones():
         ("hf", {}),
         ("cb_paged", {"use_transformers_continuous_batching": True, "transformers_continuous_batching_config": None}),
         ("unsloth_fi_false", {"use_vllm": False}),
-        ("vllm", {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.5}),
+        ("vllm", {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.5}),  # Unsloth's default
+        ("trl_vllm", {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}),  # TRL's default
     ],
 )
 def test_backends_change_only_the_rollout_settings(name, overrides):
@@ -47,7 +48,9 @@ def test_backends_change_only_the_rollout_settings(name, overrides):
 
 
 def test_backend_options_reach_the_trainer():
-    assert backends.get("vllm").grpo_overrides({"gpu_memory_utilization": 0.6})["vllm_gpu_memory_utilization"] == 0.6
+    for name in ("vllm", "trl_vllm"):
+        assert backends.get(name).grpo_overrides({"gpu_memory_utilization": 0.6})["vllm_gpu_memory_utilization"] == 0.6
+        assert set(backends.get(name).options) == {"gpu_memory_utilization"}
     cb = backends.get("cb_paged").grpo_overrides({"continuous_batching": {"num_blocks": 16}})
     assert cb["transformers_continuous_batching_config"] == {"num_blocks": 16}
 
@@ -106,7 +109,31 @@ def test_vllm_absent_is_named_with_the_fix(monkeypatch):
     assert "CUDA" not in message
 
 
-def test_unsloth_backends_need_cuda():
-    for name in ("unsloth_fi_false", "vllm"):
+def test_vllm_backends_run_the_engine_in_process_and_report_nothing(monkeypatch):
+    import os
+
+    for name in ("vllm", "trl_vllm"):
+        for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace())  # stand-in: Unsloth's import patches
+        backends.get(name).before_trl_import()
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        assert os.environ["VLLM_NO_USAGE_STATS"] == "1" and os.environ["DO_NOT_TRACK"] == "1"
+
+
+def test_trl_vllm_loads_with_transformers_and_peft(monkeypatch):
+    """TRL's vLLM backend loads the model as the hf backend does; TRL applies the same LoRA."""
+    import transformers
+
+    calls = []
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda m, **kw: calls.append((m, kw)) or "model")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda m, **kw: "tokenizer")
+    loaded = backends.get("trl_vllm").load(spec())
+    assert calls[0][0] == "some/model" and str(calls[0][1]["dtype"]) == "torch.bfloat16"
+    assert loaded.peft_config.r == lora_config(LORA).r and loaded.model == "model"
+
+
+def test_unsloth_and_vllm_backends_need_cuda():
+    for name in ("unsloth_fi_false", "vllm", "trl_vllm"):
         with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):
             backends.get(name).check_runnable("cpu")

@@ -16,12 +16,10 @@ class UnslothBackend(Backend):
     def before_trl_import(self) -> None:
         import unsloth  # noqa: F401  (patches trl and transformers; must come before them)
 
-    def load(self, spec: LoadSpec) -> Loaded:
+    def load(self, spec: LoadSpec, **extra) -> Loaded:
+        """`extra`: further from_pretrained arguments (the vLLM backend's gpu_memory_utilization)."""
         from unsloth import FastLanguageModel
 
-        extra = {}
-        if self.fast_inference:
-            extra["gpu_memory_utilization"] = spec.options.get("gpu_memory_utilization", 0.5)
         model, tokenizer = FastLanguageModel.from_pretrained(
             model_name=spec.model,
             max_seq_length=spec.max_seq_length,

@@ -1,12 +1,22 @@
+from . import _vllm
 from ._unsloth import UNSLOTH_PACKAGES, UnslothBackend
+
+# Unsloth's own default for gpu_memory_utilization
+DEFAULT_FRACTION = 0.5
 
 
 class UnslothVLLM(UnslothBackend):
+    def before_trl_import(self) -> None:
+        _vllm.prepare_process()
+        super().before_trl_import()
+
+    def load(self, spec):
+        return super().load(spec, gpu_memory_utilization=spec.options.get("gpu_memory_utilization", DEFAULT_FRACTION))
+
     def grpo_overrides(self, options: dict) -> dict:
         # Unsloth sets these itself when the model carries a vLLM engine; set explicitly so the
         # resolved settings say so whatever Unsloth's version does.
-        return {"use_vllm": True, "vllm_mode": "colocate",
-                "vllm_gpu_memory_utilization": options.get("gpu_memory_utilization", 0.5)}
+        return _vllm.colocate_overrides(options, DEFAULT_FRACTION)
 
 
 BACKEND = UnslothVLLM(
@@ -14,5 +24,5 @@ BACKEND = UnslothVLLM(
     summary="Unsloth FastLanguageModel, fast_inference=True: vLLM colocated in the training process",
     packages=(*UNSLOTH_PACKAGES, ("vllm", "vllm")),
     fast_inference=True,
-    options={"gpu_memory_utilization": "fraction of GPU memory vLLM reserves up front (Unsloth's gpu_memory_utilization)"},
+    options=_vllm.OPTIONS,
 )
