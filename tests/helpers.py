@@ -22,3 +22,33 @@ def make_stats(backend="hf", n=6, *, wall=None, loss=None, reward=None, kl=None,
         "effective_config": {"trainer": {"beta": 0.001}, "lora": None, "generation": None},
         "environment": {"packages": {"trl": "1.16.0"}, "gpu_name": None, "gpu_count": 0, "git_commit": "abc"},
     }
+
+
+def _cells(line: str) -> list[str]:
+    # A cell may hold an escaped pipe (\|), which does not split it
+    import re
+
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+
+
+def markdown_tables(text: str) -> list[dict]:
+    """Every Markdown table of `text`: its header cells and its rows' cells, in order."""
+    tables, lines = [], text.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("|") and lines[i + 1].startswith("| ---") and not (i and lines[i - 1].startswith("|")):
+            rows = []
+            for body in lines[i + 2:]:
+                if not body.startswith("|"):
+                    break
+                rows.append(_cells(body))
+            tables.append({"header": _cells(line), "rows": rows})
+    return tables
+
+
+def tables_headed(text: str, *first_cells: str) -> list[dict]:
+    """The tables whose header starts with `first_cells`, as lists of {column: cell} rows."""
+    found = []
+    for table in markdown_tables(text):
+        if table["header"][: len(first_cells)] == list(first_cells):
+            found.append([dict(zip(table["header"], row, strict=True)) for row in table["rows"]])
+    return found

@@ -1,8 +1,14 @@
 """Tests that need a CUDA GPU (marked `cuda`; skipped elsewhere, e.g. in CI)."""
 
+import copy
+import json
+import subprocess
+import sys
+
 import pytest
 
-from grpo_equivalence import stats, train
+from conftest import ROOT
+from grpo_equivalence import stats
 from grpo_equivalence.memory import GB, MemoryProbe
 
 pytestmark = pytest.mark.cuda
@@ -24,19 +30,52 @@ def test_memory_probe_resets_at_step_start_and_sees_the_steps_peak():
     del small
 
 
-@pytest.mark.parametrize("backend", ["hf", "cb_paged", "unsloth_fi_false"])
-def test_backend_trains_on_cuda_with_kl_and_clipped_grad_norm(primed, tiny_study, tmp_path, backend):
-    import copy
+@pytest.fixture(scope="module")
+def primed_bf16(primed, tmp_path_factory):
+    """The primed tiny model saved in bfloat16, as the workflow's prime job saves it for a bfloat16 study (an
+    engine that loads the checkpoint from its path, like TRL's vLLM, takes its dtype)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    out = tmp_path_factory.mktemp("primed-bf16")
+    AutoModelForCausalLM.from_pretrained(primed["model"], dtype=torch.bfloat16).save_pretrained(out)
+    AutoTokenizer.from_pretrained(primed["model"]).save_pretrained(out)
+    return {**primed, "model": str(out)}
+
+
+# Each run in a process of its own, as a train job: a vLLM engine holds its memory and process group for the
+# life of the process, so two engines never share one.
+RUN = """
+import json, sys
+from pathlib import Path
+from grpo_equivalence import train
+a = json.loads(sys.argv[1])
+train.run(a["config"], a["backend"], a["steps"], model_path=a["model"], dataset=a["dataset"], out=Path(a["out"]))
+"""
+
+
+@pytest.mark.parametrize("backend", ["hf", "cb_paged", "unsloth_fi_false", "vllm", "trl_vllm"])
+def test_backend_trains_on_cuda_with_kl_and_clipped_grad_norm(primed_bf16, tiny_study, tmp_path, backend):
     config = copy.deepcopy(tiny_study)
     config.update(gpus_per_train_job=1, dtype="bfloat16")
+    config.setdefault("backend_options", {})[backend] = (
+        {"gpu_memory_utilization": 0.25} if "vllm" in backend else config.get("backend_options", {}).get(backend, {}))
     out = tmp_path / f"grpo_{backend}_4.json"
-    train.run(config, backend, 4, model_path=primed["model"], dataset=primed["dataset"], out=out, log=print)
+    args = {"config": config, "backend": backend, "steps": 4, "model": primed_bf16["model"],
+            "dataset": primed_bf16["dataset"], "out": str(out)}
+    done = subprocess.run([sys.executable, "-c", RUN, json.dumps(args)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-8000:]
     run = stats.load(out)
-    assert run["environment"]["gpu_count"] >= 1
+    assert run["environment"]["gpu_count"] >= 1 and run["environment"]["gpu_memory_gb"] > 0
     for step in run["steps"]:
         assert step["kl"] is not None and step["grad_norm"] is not None
         assert step["peak_allocated_gb"] > 0 and step["peak_reserved_gb"] >= step["peak_allocated_gb"]
     trainer = run["effective_config"]["trainer"]
     assert trainer["max_grad_norm"] == tiny_study["grpo"]["max_grad_norm"]
     assert trainer["beta"] == tiny_study["grpo"]["beta"]
+    assert trainer["use_vllm"] is ("vllm" in backend)
+    assert run["startup_s"] > 0
+    if "vllm" in backend:
+        # The engine's reservation is in use before step 1
+        assert trainer["vllm_gpu_memory_utilization"] == 0.25
+        assert run["startup_memory"]["device_used_gb"] >= 0.2 * run["environment"]["gpu_memory_gb"]

@@ -4,12 +4,7 @@ import pytest
 
 from grpo_equivalence import cli, stats
 from grpo_equivalence.report import from_stats_dir
-from helpers import make_stats
-
-
-def table_rows(text: str, first_cell: str) -> list[list[str]]:
-    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
-            if line.startswith(f"| {first_cell} ")]
+from helpers import make_stats, tables_headed
 
 
 @pytest.fixture
@@ -24,18 +19,39 @@ def stats_dir(tmp_path):
 def test_one_table_per_step_count_with_percent_of_reference(stats_dir):
     text = from_stats_dir(stats_dir, "vllm")
     assert re.findall(r"^## (\d+) steps$", text, re.M) == ["5", "8"]
-    vllm_rows, cb_rows = (table_rows(text, b) for b in ("vllm", "cb_paged"))
-    vllm_rows, cb_rows = ([r for r in rows if r[-1].endswith("%")] for rows in (vllm_rows, cb_rows))
-    assert [r[4] for r in vllm_rows] == ["100 %", "100 %"]
-    assert cb_rows[0][1:5] == ["50.0", "4.000", "1.05", "50 %"]  # train wall, median step, peak, %
+    speed = tables_headed(text, "Backend", "Train wall (s)")
+    assert len(speed) == 2
+    assert [t[0]["% of vllm"] for t in speed] == ["100 %", "100 %"]
+    cb = speed[0][1]
+    assert [cb[k] for k in ("Backend", "Train wall (s)", "Median step (s)", "Peak mem (GB)", "% of vllm")] == \
+        ["cb_paged", "50.0", "4.000", "1.05", "50 %"]
+    assert cb["Start-up (s)"] == "not recorded"  # an optional field these files lack
+    assert cb["Warm-up steps (s)"] == "12.0"  # steps 1..3 at 4 s
+
+
+def test_startup_and_vllm_reservation_are_shown_for_what_they_are(tmp_path):
+    for backend, fraction in (("vllm", 0.3), ("hf", None)):
+        run = make_stats(backend, 5)
+        run["startup_s"] = 110.0 if fraction else 4.0
+        run["environment"]["gpu_memory_gb"] = 150.0
+        run["effective_config"]["trainer"].update(use_vllm=fraction is not None, vllm_gpu_memory_utilization=fraction or 0.3)
+        stats.write(tmp_path / f"grpo_{backend}_5.json", run)
+    text = from_stats_dir(tmp_path, "vllm")
+    (speed,) = tables_headed(text, "Backend", "Train wall (s)")
+    assert {r["Backend"]: r["Start-up (s)"] for r in speed} == {"vllm": "110.0", "hf": "4.0"}
+    (memory,) = tables_headed(text, "Backend", "Device in use (peak)")
+    reservation = {r["Backend"]: r["of which vLLM's up-front reservation"] for r in memory}
+    assert reservation == {"vllm": "45.00", "hf": "none (no vLLM)"}
+    assert "those gigabytes are a setting, not what the" in text
 
 
 def test_pairwise_table_reports_not_logged_never_zero(stats_dir):
     text = from_stats_dir(stats_dir, "vllm")
-    pair = [r for r in table_rows(text, "cb_paged") if len(r) == 5 and "not logged" in r[3]]
-    memory = [r for r in table_rows(text, "cb_paged") if len(r) == 4]
-    assert memory[0] == ["cb_paged", "1.05", "not logged", "not logged"]  # no CUDA figures in these runs
-    assert pair and pair[0][2] == "0.250 (0.250)" and pair[0][1] == "0.0000"
+    pair = tables_headed(text, "Candidate")[0][0]
+    memory = tables_headed(text, "Backend", "Device in use (peak)")[0][1]
+    assert list(memory.values()) == ["cb_paged", "1.05", "none (no vLLM)", "not logged", "not logged"]  # no CUDA here
+    assert pair["max |kl diff|"].startswith("not logged")
+    assert pair["max |reward diff| (mean)"] == "0.250 (0.250)" and pair["max |loss diff|"] == "0.0000"
 
 
 def test_report_lists_the_raw_statistics_and_settings(stats_dir):

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from helpers import tables_headed
 
 pytestmark = pytest.mark.workflow
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
@@ -39,10 +40,6 @@ def study(tmp_path_factory):
     return workdir
 
 
-def cells(report: str, first: str) -> list[list[str]]:
-    return [[c.strip() for c in line.strip("|").split("|")] for line in report.splitlines() if line.startswith(f"| {first} ")]
-
-
 def load(workdir, backend, steps):
     return json.loads((workdir / f"results/stats/grpo_{backend}_{steps}.json").read_text())
 
@@ -67,23 +64,27 @@ def test_each_backend_trained_with_its_own_options(study):
 def test_report_speed_tables_match_the_statistics(study):
     report = (study / "results/grpo_equivalence.md").read_text()
     assert re.findall(r"^## (\d+) steps$", report, re.M) == [str(s) for s in STEPS]
-    for i, steps in enumerate(STEPS):
+    speed_tables = tables_headed(report, "Backend", "Train wall (s)")
+    for table, steps in zip(speed_tables, STEPS, strict=True):
         ref_median = statistics.median(s["wall_s"] for s in load(study, "hf", steps)["steps"] if s["step"] > 3)
+        rows = {row["Backend"]: row for row in table}
         for backend in ("hf", "cb_paged"):
             run = load(study, backend, steps)
             median = statistics.median(s["wall_s"] for s in run["steps"] if s["step"] > 3)
-            row = [r for r in cells(report, backend) if r[-1].endswith("%")][i]
-            assert row[1] == f"{run['train_wall_s']:.1f}"
-            assert row[2] == f"{median:.3f}"
-            assert row[3] == f"{run['peak_mem_gb']:.2f}"
-            assert row[4] == f"{100 * ref_median / median:.0f} %"
+            row = rows[backend]
+            assert row["Train wall (s)"] == f"{run['train_wall_s']:.1f}"
+            assert row["Median step (s)"] == f"{median:.3f}"
+            assert row["Peak mem (GB)"] == f"{run['peak_mem_gb']:.2f}"
+            assert row["% of hf"] == f"{100 * ref_median / median:.0f} %"
+            assert row["Start-up (s)"] == f"{run['startup_s']:.1f}" and 0 < run["startup_s"] < run["train_wall_s"] * 10
 
 
 def test_report_differences_match_the_statistics(study):
     report = (study / "results/grpo_equivalence.md").read_text()
-    pairs = [r for r in cells(report, "cb_paged") if len(r) == 5 and not r[-1].endswith("%")]
+    pairs = [table[0] for table in tables_headed(report, "Candidate")]
     assert len(pairs) == len(STEPS)
     for row, steps in zip(pairs, STEPS):
+        row = list(row.values())
         ref, cand = load(study, "hf", steps)["steps"], load(study, "cb_paged", steps)["steps"]
         diff = {m: [abs(c[m] - r[m]) for c, r in zip(cand, ref)] for m in ("loss", "reward", "kl", "grad_norm")}
         assert all(math.isfinite(d) for d in diff["kl"])  # beta != 0: kl logged by both backends

@@ -42,7 +42,7 @@ def accelerator() -> dict:
     import torch
 
     if not torch.cuda.is_available():
-        return {"gpu_name": None, "gpu_count": 0, "driver": None, "cuda": None}
+        return {"gpu_name": None, "gpu_count": 0, "gpu_memory_gb": None, "driver": None, "cuda": None}
     driver = None
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -50,7 +50,9 @@ def accelerator() -> dict:
         driver = out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         pass
-    return {"gpu_name": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(), "driver": driver,
+    return {"gpu_name": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(),
+            # GB = 1e9 bytes, as every memory figure; what a fraction such as vLLM's gpu_memory_utilization is of
+            "gpu_memory_gb": torch.cuda.get_device_properties(0).total_memory / 1e9, "driver": driver,
             "cuda": torch.version.cuda}
 
 

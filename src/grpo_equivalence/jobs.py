@@ -44,7 +44,9 @@ def prime(a):
     rows = [json.loads(line) for line in Path(a["data"]).read_text().splitlines()]
     priming.prime(model, tokenizer, rows, system_prompt=a["system_prompt"], steps=t["prime_steps"],
                   batch_size=t["prime_batch_size"], learning_rate=t["prime_learning_rate"], seed=t["seed"])
-    model.save_pretrained(a["out"])
+    # Saved in the study's dtype, as a real checkpoint is: an engine that loads the model from its path
+    # (TRL's vLLM takes the checkpoint's dtype) then runs in the dtype the trainer trains in.
+    model.to(getattr(torch, a["dtype"])).save_pretrained(a["out"])
     tokenizer.save_pretrained(a["out"])
 
 

@@ -43,7 +43,7 @@ STUDY_SETTINGS = (
 PER_RUN_SETTINGS = ("trainer.max_steps",)
 
 
-NOT_RECORDED = "(not recorded)"
+NOT_RECORDED = "not recorded"  # an optional field the file does not hold (a metric not logged is NOT_LOGGED)
 
 
 def _settings(effective_config: dict) -> dict:
@@ -113,7 +113,7 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     env.filters["num"] = _num
     return env.get_template(Path(template).name).render(
         reference=reference, tables=speed_tables(summaries, comparisons, reference), metrics=COMPARED,
-        not_logged=NOT_LOGGED, settings=study_settings(reference_run(runs, reference)),
+        not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, settings=study_settings(reference_run(runs, reference)),
         differing=differing_settings(runs), backends=sorted({r["backend"] for r in runs}), stats_files=sorted(stats_files))
 
 

@@ -29,8 +29,29 @@ def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
         "steps_with_reward_signal": _steps_with_signal(stats["steps"]),
         # CUDA only (null elsewhere): the allocator's peaks and the driver's figure, largest over the steps
         **{key: _largest(stats["steps"], key) for key in CUDA_MEMORY},
+        # Before step 1 (optional in the contract; null: not recorded): imports, load, engine start, set-up
+        "startup_s": stats.get("startup_s"),
+        "warmup_s": sum(s["wall_s"] for s in stats["steps"] if s["step"] <= skip),
+        "uses_vllm": bool(_trainer(stats).get("use_vllm")),
+        "vllm_reserved_gb": _vllm_reservation_gb(stats),
     }
 
+
+def _trainer(stats: dict) -> dict:
+    return (stats.get("effective_config") or {}).get("trainer") or {}
+
+
+def _vllm_reservation_gb(stats: dict) -> float | None:
+    """What vLLM takes at start (gpu_memory_utilization x the device's memory), for weights and KV cache.
+
+    It is in use from the first step to the last whatever the model's size: without it, the peak of a
+    vLLM run reads like a leak. Null where vLLM is not used or the device's memory was not recorded.
+    """
+    fraction = _trainer(stats).get("vllm_gpu_memory_utilization")
+    total = (stats.get("environment") or {}).get("gpu_memory_gb")
+    if not _trainer(stats).get("use_vllm") or fraction is None or total is None:
+        return None
+    return fraction * total
 
 
 def _largest(steps: list[dict], key: str) -> float | None:

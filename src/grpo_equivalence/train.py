@@ -61,6 +61,10 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     device = device_for(config["gpus_per_train_job"])
     backend.check_runnable(device)  # before anything is loaded: a missing package costs seconds, not a model load
 
+    # Start-up (imports, model load, engine start, trainer set-up) is timed on its own: vLLM's engine start
+    # takes minutes where a step takes a fraction of a second, and must not be read as training time.
+    startup_began = time.perf_counter()
+    probe = MemoryProbe(device)
     import torch
 
     backend.before_trl_import()
@@ -90,7 +94,6 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         **FIXED_ARGS,
         **overrides,
     )
-    probe = MemoryProbe(device)
     recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None)
     trainer = GRPOTrainer(
         model=loaded.model,
@@ -101,9 +104,11 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         peft_config=loaded.peft_config,
         callbacks=[recorder],
     )
+    startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
     log(f"[{backend_name} x {max_steps}] training")
     started_at = time.time()
     start = time.perf_counter()
+    startup_s = start - startup_began
     trainer.train()
     train_wall = time.perf_counter() - start
     finished_at = time.time()
@@ -119,6 +124,9 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "model_path": model_path,
         "dataset": config["dataset"]["path"],
         "train_wall_s": train_wall,
+        # Imports, model load, engine start (vLLM) and trainer set-up, before step 1
+        "startup_s": startup_s,
+        "startup_memory": startup_memory,
         # Wall-clock bounds of trainer.train() (Unix time): which runs overlapped, on which GPUs
         "train_started_at": started_at,
         "train_finished_at": finished_at,

@@ -38,7 +38,9 @@ rule prime:
     output:
         directory(paths.PRIMED_MODEL),
     params:
-        settings=job_args(tiny=config.get("tiny"), system_prompt=config.get("system_prompt")),
+        settings=job_args(
+            tiny=config.get("tiny"), system_prompt=config.get("system_prompt"), dtype=config["dtype"]
+        ),
         code=code_hash("grpo_equivalence.prime"),
         io=lambda wildcards, input, output, threads: job_args(
             model=input.model, data=input.data, out=output[0], threads=threads
