@@ -42,6 +42,9 @@ def primed(tmp_path_factory, tiny_study):
 
     from grpo_equivalence import prime, tiny
 
+    # As the prime job does (threads: 2): a 0.6M-parameter model on every core of a large machine spends its
+    # time synchronising threads, and priming that takes seconds here took minutes on a 32-core GPU host.
+    torch.set_num_threads(min(4, torch.get_num_threads()))
     root = tmp_path_factory.mktemp("tiny")
     t = tiny_study["tiny"]
     tiny.save_model(root / "model", hidden_size=t["hidden_size"], num_layers=t["num_layers"], seed=t["seed"])
