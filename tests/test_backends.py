@@ -1,6 +1,6 @@
 """What the backends produce, tested without their GPU stacks.
 
-Unsloth and vLLM cannot run here (no CUDA, and vLLM pins another torch), so `MockFastLanguageModel` below
+Unsloth and vLLM need CUDA, which CI lacks, so `MockFastLanguageModel` below
 stands in for Unsloth's FastLanguageModel: it records the calls the loader makes, which is what is tested.
 """
 
