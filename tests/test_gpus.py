@@ -40,7 +40,7 @@ def test_concurrent_jobs_never_share_a_device_and_extra_requests_wait(fake_gpus,
     env = fake_gpus("0,1")
     record = tmp_path / "record"
     jobs = [start_job(env, record, 0.6) for _ in range(5)]
-    stderr = [job.communicate(timeout=60)[1] for job in jobs]
+    stderr = [job.communicate()[1] for job in jobs]
     assert all(job.returncode == 0 for job in jobs)
     held = intervals(record)
     assert len(held) == 5 and {d for d, _, _ in held} == {"0", "1"}
@@ -64,10 +64,10 @@ def test_a_killed_jobs_lease_comes_back(fake_gpus, tmp_path):
     holder = start_job(env, record, 60)
     time.sleep(1.5)  # it holds the only device now
     holder.send_signal(signal.SIGKILL)
-    holder.wait(timeout=10)
+    holder.wait()
     started = time.time()
     follower = start_job(env, record, 0.1)
-    assert follower.wait(timeout=20) == 0
+    assert follower.wait() == 0
     (devices, start, _), = intervals(record)
     assert devices == "0" and start - started < 5
 
@@ -130,3 +130,23 @@ def test_longest_expected_job_first(tmp_path):
     write(tmp_path / "grpo_fast_30.json", fast)
     assert schedule.priority("slow", 10, tmp_path) > schedule.priority("fast", 30, tmp_path)
     assert schedule.expected_seconds("fast", 60, tmp_path) == pytest.approx(2.0 + 60 * 0.1)
+
+
+def test_jobs_that_see_different_tmpdirs_share_one_lease_folder(tmp_path, monkeypatch):
+    """Snakemake sets each job's TMPDIR from its `tmpdir` resource: the leases must not follow it, or two
+    workflows would both take the same GPU. Device names unique to this test keep real leases apart."""
+    monkeypatch.delenv(gpus.LOCK_DIR_ENV, raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    devices = f"test{os.getpid()}a,test{os.getpid()}b"
+    record = tmp_path / "record"
+    jobs = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        env = dict(os.environ, TMPDIR=str(tmp_path / name), **{gpus.DEVICES_ENV: devices})
+        jobs.append(start_job(env, record, 1.0))
+    assert all(job.wait() == 0 for job in jobs)
+    held = intervals(record)
+    (dev_a, start_a, end_a), (dev_b, start_b, end_b) = held
+    assert dev_a != dev_b or end_a <= start_b or end_b <= start_a, "two jobs held one device at once"
+    for device in devices.split(","):
+        (gpus.lock_dir() / f"gpu-{device}.lock").unlink(missing_ok=True)

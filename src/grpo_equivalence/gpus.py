@@ -14,7 +14,6 @@ import contextlib
 import fcntl
 import os
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +48,14 @@ def visible_devices() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
+# One folder per machine and user, shared by every workflow on it, so that two workflows on one box do not
+# share a GPU either. A fixed path, not $TMPDIR: Snakemake sets each job's TMPDIR from its `tmpdir`
+# resource, and two workflows whose jobs saw different ones both took GPU 0.
+LOCK_ROOT = Path("/tmp")
+
+
 def lock_dir() -> Path:
-    # One folder per machine and user, shared by every workflow on it, so that two workflows on one
-    # box do not share a GPU either.
-    default = Path(tempfile.gettempdir()) / f"grpo-equivalence-gpu-leases-{os.getuid()}"
+    default = LOCK_ROOT / f"grpo-equivalence-gpu-leases-{os.getuid()}"
     path = Path(os.environ.get(LOCK_DIR_ENV, default))
     path.mkdir(parents=True, exist_ok=True)
     return path
