@@ -1,7 +1,6 @@
 """Console scripts: each stage of the workflow on statistics files made anywhere."""
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -38,7 +37,7 @@ def summarise_main(argv=None):
     parser.add_argument("--skip", type=int, default=DEFAULT_SKIP, help="warm-up steps left out of the median (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     args = parser.parse_args(argv)
-    _run(lambda: _write(json.dumps(summarise(stats.load(args.stats), args.skip), indent=1) + "\n", args.output, args.force))
+    _run(lambda: _write(stats.to_json(summarise(stats.load(args.stats), args.skip)), args.output, args.force))
 
 
 def compare_main(argv=None):
@@ -48,8 +47,7 @@ def compare_main(argv=None):
     parser.add_argument("-o", "--output", help="write the comparison JSON here (default: stdout)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     args = parser.parse_args(argv)
-    _run(lambda: _write(json.dumps(compare(stats.load(args.ref), stats.load(args.candidate)), indent=1) + "\n",
-                        args.output, args.force))
+    _run(lambda: _write(stats.to_json(compare(stats.load(args.ref), stats.load(args.candidate))), args.output, args.force))
 
 
 def report_main(argv=None):

@@ -1,7 +1,6 @@
 """The equivalence report: speed and memory per step count, differences against the reference, settings."""
 
 import json
-import re
 from pathlib import Path
 
 from . import stats as stats_io
@@ -9,7 +8,6 @@ from .compare import COMPARED, NOT_LOGGED, compare
 from .summary import DEFAULT_SKIP, summarise
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "report_templates" / "grpo_equivalence.md.j2"
-STATS_NAME = re.compile(r"^grpo_(?P<backend>.+)_(?P<steps>\d+)\.json$")  # paths.STATS, as a regex
 
 
 def speed_tables(summaries: list[dict], comparisons: list[dict], reference: str) -> list[dict]:
@@ -90,10 +88,26 @@ def reference_run(runs: list[dict], reference: str) -> dict:
 
 
 def study_settings(reference_stats: dict) -> dict:
+    """What the report says of the study, from the reference's shortest run; absent fields are NOT_RECORDED
+    (a file of another tool need carry only the contract's required fields)."""
     config = reference_stats["effective_config"]
+    env = reference_stats["environment"]
+    packages = env.get("packages") if isinstance(env.get("packages"), dict) else {}
+    trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
+    lora = config.get("lora") if isinstance(config.get("lora"), dict) else None
     return {"model": reference_stats["model"], "dataset": reference_stats["dataset"], "seed": reference_stats["seed"],
-            "trainer": {k: v for k, v in config.get("trainer", {}).items() if k in STUDY_SETTINGS}, "lora": config.get("lora"), "generation": config.get("generation"),
-            "memory_measure": reference_stats.get("memory_measure"), "environment": reference_stats["environment"]}
+            "trainer": {k: v for k, v in trainer.items() if k in STUDY_SETTINGS},
+            "lora": None if lora is None else {k: lora.get(k, NOT_RECORDED) for k in ("r", "lora_alpha", "lora_dropout", "target_modules")},
+            "memory_measure": reference_stats.get("memory_measure") or NOT_RECORDED,
+            "accelerator": env.get("gpu_name") or ("CPU" if "gpu_name" in env else NOT_RECORDED),
+            "gpu_count": env.get("gpu_count"),
+            "packages": {name: version for name, version in packages.items() if version},
+            "git_commit": env.get("git_commit") or NOT_RECORDED}
+
+
+def _cell(value) -> str:
+    """A value as one Markdown table cell: a `|` would end the cell and a newline the row."""
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
 def _num(value, digits: int = 3) -> str:
@@ -111,22 +125,39 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(template).parent)), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["num"] = _num
+    env.filters["cell"] = _cell
     return env.get_template(Path(template).name).render(
         reference=reference, tables=speed_tables(summaries, comparisons, reference), metrics=COMPARED,
         not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, settings=study_settings(reference_run(runs, reference)),
         differing=differing_settings(runs), backends=sorted({r["backend"] for r in runs}), stats_files=sorted(stats_files))
 
 
+def load_runs(paths) -> dict:
+    """{path: stats} of statistics files given for one report: each valid, whole, named after what it holds,
+    and no run given twice. Raises StatsError with one line per problem, naming the files."""
+    runs, problems = {}, []
+    for path in paths:
+        try:
+            run = stats_io.load(path)
+            stats_io.check_complete(run, path)
+            runs[path] = run
+        except stats_io.StatsError as error:
+            problems.append(str(error))
+    problems += stats_io.identity_problems(runs)
+    if problems:
+        raise stats_io.StatsError("\n".join(problems))
+    return runs
+
+
 def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE) -> str:
     """The report of every statistics file in `stats_dir` (grpo_<backend>_<steps>.json), as grpo-report makes it."""
-    runs = {}
-    for path in sorted(Path(stats_dir).glob("grpo_*.json")):
-        match = STATS_NAME.match(path.name)
-        if match is None:  # summaries (.summary.json) and anything else
-            continue
-        runs[path] = stats_io.load(path)
-    if not runs:
+    stats_dir = Path(stats_dir)
+    if not stats_dir.is_dir():
+        raise FileNotFoundError(f"{stats_dir} is not a folder; pass the folder holding the grpo_<backend>_<steps>.json files")
+    paths = [p for p in sorted(stats_dir.glob("grpo_*.json")) if not p.name.endswith(".summary.json")]
+    if not paths:
         raise FileNotFoundError(f"no statistics files (grpo_<backend>_<steps>.json) in {stats_dir}")
+    runs = load_runs(paths)
     reference_run(list(runs.values()), reference)  # fails early, naming the backends found
     refs = {s["max_steps"]: s for s in runs.values() if s["backend"] == reference}
     summaries = [summarise(s, skip) for s in runs.values()]
