@@ -22,14 +22,14 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/snakemake results/grpo_equivalence.md --cores $(CORES) --configfile studies/tiny.yaml
+	$(VENV)/bin/snakemake results/grpo_equivalence.md --cores $(CORES) --config study=studies/tiny.yaml
 	@echo "report: results/grpo_equivalence.md"
 
 test: $(VENV)/.installed
 	$(VENV)/bin/pytest -ra
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/snakemake --lint --configfile studies/tiny.yaml
+	$(VENV)/bin/snakemake --lint --config study=studies/tiny.yaml
 
 clean:
 	rm -rf results .snakemake

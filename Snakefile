@@ -5,13 +5,10 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-# A study is one whole file: --configfile names another (e.g. studies/tiny.yaml) instead of this one,
-# rather than being merged key by key into it (a merge would leak the GPU study's settings into others).
-if not workflow.configfiles:
-
-    configfile: "config.yaml"
-
-
+# The study is one whole file: config.yaml, or the one `--config study=FILE` names (e.g. studies/tiny.yaml),
+# read and checked by common.smk, with any other `--config key=value` pairs over it. It is never merged key
+# by key into config.yaml, which would leak the GPU study's settings into others. (`--configfile FILE`
+# works too, but Snakemake then reports a YAML syntax error without its line.)
 include: "workflow/rules/common.smk"
 
 

@@ -18,7 +18,7 @@ config["backend_options"].update(vllm={"gpu_memory_utilization": 0.3}, trl_vllm=
 yaml.safe_dump(config, open(sys.argv[1], "w"), sort_keys=False)
 PY
 start=$(date +%s)
-python3 -m snakemake results/grpo_equivalence.md --cores 16 --resources gpu="$gpus" --configfile "$out/study.yaml" \
+python3 -m snakemake results/grpo_equivalence.md --cores 16 --resources gpu="$gpus" --config study="$out/study.yaml" \
   --keep-going 2>&1 | tee "$out/snakemake.log"
 echo "makespan_s $(( $(date +%s) - start ))" | tee -a "$out/snakemake.log"
 cp results/grpo_equivalence.md "$out/" || true

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CMD = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "results/grpo_equivalence.md", "--cores", "2",
-       "--configfile", str(ROOT / "studies" / "tiny.yaml")]
+       "--config", f"study={ROOT / 'studies' / 'tiny.yaml'}"]
 
 
 def main(runs: int) -> None:

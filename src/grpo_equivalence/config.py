@@ -16,6 +16,43 @@ class ConfigError(ValueError):
     pass
 
 
+def load_study(path) -> dict:
+    """A study file, as Snakemake would read it, but with the file, line and column of a YAML error."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"study file {path} not found; pass an existing file (e.g. studies/tiny.yaml)") from None
+    except (IsADirectoryError, UnicodeDecodeError) as e:
+        raise ConfigError(f"study file {path} is not a YAML text file ({type(e).__name__})") from None
+    try:
+        study = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem}); fix that line (indent with spaces, close every "
+                          f"bracket and quote)") from None
+    if not isinstance(study, dict):
+        raise ConfigError(f"{path}: a study is a YAML mapping of settings (key: value), not a {type(study).__name__}")
+    return study
+
+
+def with_overrides(study: dict, overrides: dict) -> dict:
+    """`--config key=value` pairs over a study file. Snakemake passes their values as text; they are read as
+    YAML here, so that steps=[4,6] is a list of numbers rather than the string "[4,6]"."""
+    def typed(value):
+        if isinstance(value, str):
+            return yaml.safe_load(value)
+        if isinstance(value, list):
+            return [typed(v) for v in value]
+        if isinstance(value, dict):
+            return {k: typed(v) for k, v in value.items()}
+        return value
+
+    return {**study, **{key: typed(value) for key, value in overrides.items()}}
+
+
 def _key(path) -> str:
     return ".".join(str(p) for p in path) or "(top level)"
 
@@ -36,49 +73,161 @@ def schema_problems(config: dict, schema_path: Path = SCHEMA) -> list[str]:
                 problems.append(f"{key}: unknown setting; remove it or fix its spelling (known here: {', '.join(known)})")
         elif error.validator == "required":
             problems.append(f"{where}: {error.message}; add it (see config.yaml for the study's value)")
+        elif error.validator == "type" and "number" in str(error.validator_value) and _numeric_text(error.instance):
+            problems.append(f"{where}: {error.instance!r} is text to YAML, not a number; write it with a dot and a "
+                            f"signed exponent, e.g. {_float_spelling(error.instance)}")
         else:
             problems.append(f"{where}: {error.message}")
     return problems
 
 
+def _numeric_text(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str)
+
+
+def _float_spelling(text: str) -> str:
+    """5e-4 -> 5.0e-4: the spelling YAML 1.1 (PyYAML, Snakemake) reads as a number."""
+    mantissa, _, exponent = text.lower().partition("e")
+    mantissa = mantissa if "." in mantissa else f"{mantissa}.0"
+    if not exponent:
+        return mantissa
+    return f"{mantissa}e{exponent if exponent[0] in '+-' else '+' + exponent}"
+
+
+def _get(config: dict, *keys, kind=object):
+    """config[k1][k2]... if present and of `kind`, else None: cross-field checks skip what the schema rejects."""
+    value = config
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
 def study_problems(config: dict, backend_names: list[str], backend_options: dict[str, dict]) -> list[str]:
-    """Cross-field checks, given the known backends and the options each one accepts."""
+    """Cross-field checks, given the known backends and the options each one accepts. Each check runs on
+    what is well-formed, so that a schema error elsewhere does not hide these."""
     problems = []
-    backends = config["backends"]
+    backends = [b for b in (_get(config, "backends", kind=list) or []) if isinstance(b, str)]
     for name in backends:
         if name not in backend_names:
             problems.append(f"backends: unknown backend {name!r}; choose among {', '.join(backend_names)}")
-    if config["reference"] not in backends:
+    reference = _get(config, "reference", kind=str)
+    if reference is not None and backends and reference not in backends:
         problems.append(
-            f"reference: {config['reference']!r} is not among backends {backends}; "
+            f"reference: {reference!r} is not among backends {backends}; "
             f"add it to backends or pick one of them as reference"
         )
-    warmup = config["median_skip_steps"]
-    for steps in config["steps"]:
-        if steps <= warmup:
-            problems.append(
-                f"steps: {steps} leaves no step for the median step time after median_skip_steps={warmup}; "
-                f"use at least {warmup + 1} steps or lower median_skip_steps"
-            )
-    grpo = config["grpo"]
-    batch = grpo["per_device_train_batch_size"] * grpo["gradient_accumulation_steps"]
-    if batch % grpo["num_generations"]:
+    warmup = _get(config, "median_skip_steps", kind=int)
+    if warmup is not None:
+        for steps in _get(config, "steps", kind=list) or []:
+            if isinstance(steps, int) and steps <= warmup:
+                problems.append(
+                    f"steps: {steps} leaves no step for the median step time after median_skip_steps={warmup}; "
+                    f"use at least {warmup + 1} steps or lower median_skip_steps"
+                )
+    batch_size, accumulation, generations = (_get(config, "grpo", key, kind=int) for key in (
+        "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"))
+    if None not in (batch_size, accumulation, generations) and generations > 0 and (batch_size * accumulation) % generations:
         problems.append(
-            f"grpo.num_generations: {grpo['num_generations']} does not divide the generation batch "
-            f"per_device_train_batch_size x gradient_accumulation_steps = {batch}; make the batch a multiple "
-            f"of num_generations (a group must fit in one batch)"
+            f"grpo.num_generations: {generations} does not divide the generation batch "
+            f"per_device_train_batch_size x gradient_accumulation_steps = {batch_size * accumulation}; make the "
+            f"batch a multiple of num_generations (a group must fit in one batch)"
         )
-    for name, options in (config.get("backend_options") or {}).items():
+    for name, options in (_get(config, "backend_options", kind=dict) or {}).items():
         if name not in backend_names:
             problems.append(f"backend_options.{name}: unknown backend; choose among {', '.join(backend_names)}")
             continue
-        for key in options:
+        for key in options if isinstance(options, dict) else ():
             if key not in backend_options[name]:
                 known = ", ".join(backend_options[name]) or "none"
                 problems.append(f"backend_options.{name}.{key}: unknown option of {name} (known: {known})")
-    uses_tiny = config["model"] == TINY or config["dataset"]["path"] == TINY
+    uses_tiny = config.get("model") == TINY or _get(config, "dataset", "path") == TINY
     if uses_tiny and "tiny" not in config:
         problems.append('tiny: model or dataset.path is "tiny" but the tiny section is missing; add it (see studies/tiny.yaml)')
+    return problems
+
+
+# load_dataset builders that read local files named by dataset.data_files
+FILE_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
+
+
+def _looks_like_a_path(model: str) -> bool:
+    """A hub id is `name` or `org/name`; anything else (absolute, ./, ~, more parts) is meant as a folder."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or Path(model).exists()
+
+
+def is_local(config: dict) -> bool:
+    """Model and data come from this machine (the tiny study, a model folder, local data files): no job
+    needs the network, so none may use it."""
+    model, dataset = config["model"], config["dataset"]
+    model_local = model == TINY or Path(model).expanduser().exists()
+    data_local = dataset["path"] == TINY or Path(dataset["path"]).expanduser().exists() or (
+        dataset["path"] in FILE_BUILDERS and bool(dataset.get("data_files")))
+    return model_local and data_local
+
+
+def _local_data_problems(dataset: dict) -> list[str]:
+    """The data file of a file builder: there, not empty, with the prompt and answer columns (json lines, csv)."""
+    files = dataset.get("data_files")
+    if not files:
+        return [f'dataset.data_files: the "{dataset["path"]}" builder reads local files; name them in dataset.data_files']
+    problems = []
+    columns = [dataset.get("prompt_column", "prompt"), dataset.get("answer_column", "solution")]
+    for name in [files] if isinstance(files, str) else files:
+        path = Path(name).expanduser()
+        if any(c in name for c in "*?[") or "://" in name:
+            continue  # a pattern or remote URL: load_dataset resolves it
+        if not path.is_file():
+            problems.append(f"dataset.data_files: {name} does not exist; fix the path (relative to the folder snakemake "
+                            f"runs in)")
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = next((line for line in f if line.strip()), None)
+        if first is None:
+            problems.append(f"dataset.data_files: {name} is empty; it needs one problem per line (or row)")
+            continue
+        if dataset["path"] == "json" and first.lstrip().startswith("{"):
+            import json
+
+            try:
+                present = set(json.loads(first))
+            except ValueError:
+                continue  # a JSON array file or another layout: load_dataset will say
+        elif dataset["path"] == "csv":
+            import csv
+
+            present = set(next(csv.reader([first])))
+        else:
+            continue
+        missing = [c for c in columns if c not in present]
+        if missing:
+            problems.append(f"dataset: {name} has no column {', '.join(map(repr, missing))} (columns: "
+                            f"{', '.join(sorted(present))}); set dataset.prompt_column / dataset.answer_column")
+    return problems
+
+
+def input_problems(config: dict) -> list[str]:
+    """What can be checked of the model and data before any job, on this machine: local paths and files."""
+    problems = []
+    model = config["model"]
+    if model != TINY and _looks_like_a_path(model):
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            problems.append(f"model: {model} is not a folder; give a model folder (with config.json) or a hub id "
+                            f"such as unsloth/Qwen3-4B-Base")
+        elif not (path / "config.json").is_file():
+            problems.append(f"model: {model} has no config.json; give the folder that save_pretrained wrote")
+    dataset = config["dataset"]
+    if dataset["path"] in FILE_BUILDERS:
+        problems += _local_data_problems(dataset)
+    elif dataset["path"] != TINY and dataset["path"].startswith(("/", ".", "~")) and not Path(dataset["path"]).expanduser().exists():
+        problems.append(f"dataset.path: {dataset['path']} does not exist; give a data set folder or file, a hub id, or "
+                        f"a builder (json, csv, parquet) with dataset.data_files")
     return problems
 
 
@@ -87,7 +236,8 @@ def check(config: dict) -> None:
     from . import backends
 
     problems = schema_problems(config)
-    if not problems:
-        problems = study_problems(config, backends.names(), {n: backends.get(n).options for n in backends.names()})
+    problems += study_problems(config, backends.names(), {n: backends.get(n).options for n in backends.names()})
+    if not problems:  # paths are checked once the keys that name them are well-formed
+        problems = input_problems(config)
     if problems:
         raise ConfigError("the config is not valid:\n  - " + "\n  - ".join(problems))

@@ -17,17 +17,38 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PY
 from grpo_equivalence import backends, paths, schedule
 from grpo_equivalence.codedeps import code_hash
 from grpo_equivalence.report import TEMPLATE as REPORT_TEMPLATE
-from grpo_equivalence.config import SCHEMA, TINY, ConfigError, check
+from grpo_equivalence.config import SCHEMA, TINY, ConfigError, check, is_local, load_study, with_overrides
 
-# Our own check first: it names each bad key and its fix in one line, where the schema's raw error
-# quotes the whole schema. Then the schema itself through Snakemake (which also fills defaults).
+
+def study_file():
+    """The study's file: `--config study=FILE` (relative to where snakemake was started, or to the working
+    directory), else a --configfile that Snakemake has read itself (None), else config.yaml."""
+    path = config.get("study")
+    if path is None:
+        return None if workflow.configfiles else Path(workflow.basedir) / "config.yaml"
+    for base in (Path.cwd(), Path(os.environ.get("PWD", "."))):
+        if (base / path).expanduser().exists():
+            return (base / path).expanduser()
+    return Path(path)
+
+
+# Our own reading and checks first: a YAML error with its line, each bad key with its fix in one line (the
+# schema's raw error quotes the whole schema), every problem at once. Then the schema itself through
+# Snakemake (which also fills defaults).
 try:
+    overrides = {k: v for k, v in workflow.config_settings.config.items() if k != "study"}
+    path = study_file()
+    study = with_overrides(dict(config) if path is None else load_study(path), overrides)
+    study.pop("study", None)
+    config.clear()
+    config.update(study)
     check(config)
 except ConfigError as error:
-    raise WorkflowError(f"{error}\n(config files: {', '.join(map(str, workflow.configfiles)) or 'none'})")
+    named = [str(path)] if path is not None else list(map(str, workflow.configfiles))
+    raise WorkflowError(f"{error}\n(study: {', '.join(named)})")
 validate(config, str(SCHEMA))
 
-# Jobs run `python -m grpo_equivalence.jobs STAGE ...`: `python` is the interpreter running Snakemake
+# Jobs run `python workflow/scripts/STAGE.py ...`: `python` is the interpreter running Snakemake
 # (its folder goes first on PATH), or the rule's own when its conda environment is activated over it.
 os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
@@ -37,10 +58,33 @@ STEPS = config["steps"]
 CANDIDATES = [b for b in BACKENDS if b != REFERENCE]
 
 
+# Jobs run `python {SCRIPTS}/STAGE.py SETTINGS IO` (see grpo_equivalence.jobs for why not `script:`).
+SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
+# Model and data on this machine: jobs are told to stay off the network, whatever the environment says.
+OFFLINE = is_local(config)
+
+
 def job_args(**args):
     """A job's arguments as one JSON string. As the `settings` param, a change in them reruns the job;
     Snakemake ignores params computed from input or output paths (`io`) when deciding that."""
     return json.dumps(args, sort_keys=True, default=str)
+
+
+def io_args(**args):
+    """A job's paths and process settings (the `io` param): not compared by Snakemake."""
+    return job_args(offline=OFFLINE, **args)
+
+
+def entry_point(stage):
+    """The `script` param of a rule: its entry point in workflow/scripts/. A function of the job's input, so
+    that Snakemake does not compare it (the path differs between clones; the content is in `code`)."""
+    return lambda wildcards, input: str(SCRIPTS / f"{stage}.py")
+
+
+def script_code(stage, *modules, files=()):
+    """A rule's rerun trigger: the content of its script, of the package modules the script imports (and
+    theirs), of `modules` it reaches otherwise, and of other `files` it reads."""
+    return code_hash(*modules, files=files, scripts=[SCRIPTS / f"{stage}.py"])
 
 
 def conda_env(name):
@@ -79,8 +123,9 @@ def get_train_inputs(wildcards):
 
 
 def train_code(wildcards):
-    """The training code of this backend: shared training modules plus the backend's own file."""
-    return code_hash("grpo_equivalence.train", f"grpo_equivalence.backends.{wildcards.backend}")
+    """The training code of this backend: the train script with what it imports, and the backend's own file
+    (imported by name at run time, so named here)."""
+    return script_code("train", f"grpo_equivalence.backends.{wildcards.backend}")
 
 
 def get_train_settings(wildcards):
