@@ -22,7 +22,7 @@ STEPS = (4, 5)
 
 def snakemake(project: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "snakemake", "results/grpo_equivalence.md", "--cores", "2",
-                           "--configfile", "study.yaml", *args], cwd=project, capture_output=True, text=True, timeout=900)
+                           "--config", "study=study.yaml", *args], cwd=project, capture_output=True, text=True)
 
 
 def plan(project: Path) -> set[tuple[str, str]]:
@@ -119,8 +119,13 @@ def test_rewards_or_shared_training_code_changed_all_train_jobs(project, edit, s
     assert trains == {f"results/stats/grpo_{b}_{s}.json" for b in ("hf", "cb_paged") for s in STEPS}
 
 
+def test_a_rules_script_changed_only_its_jobs(project, edit):
+    edit("workflow/scripts/summarise.py", lambda t: t + "\n# changed\n")
+    assert rules(plan(project)) == {"summarise": 2 * len(STEPS), "render_report": 1}
+
+
 def test_touching_files_without_changing_them_reruns_nothing(project):
-    for path in (project / "src").rglob("*.py"):
+    for path in [*(project / "src").rglob("*.py"), *(project / "workflow" / "scripts").glob("*.py")]:
         path.touch()
     (project / "report_templates" / "grpo_equivalence.md.j2").touch()
     assert plan(project) == set()

@@ -44,8 +44,8 @@ def run_through_slurm(workdir: Path, *extra) -> subprocess.CompletedProcess:
            "--slurm-keep-successful-logs",
            # The profile's train jobs ask for a GPU node's memory; this machine has 24 GB in all.
            "--set-resources", "train:mem_mb=2000", "train:cpus_per_gpu=1",
-           "--configfile", str(workdir / "study.yaml"), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
+           "--config", f"study={workdir / 'study.yaml'}", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
 @pytest.fixture(scope="module")

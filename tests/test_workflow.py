@@ -26,8 +26,8 @@ def snakemake(workdir: Path, *args: str, check=True) -> subprocess.CompletedProc
     config["steps"] = list(STEPS)
     (workdir / "study.yaml").write_text(yaml.safe_dump(config))
     cmd = [*SNAKEMAKE, "--directory", str(workdir), "results/grpo_equivalence.md", "--cores", "2",
-           "--configfile", str(workdir / "study.yaml"), *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+           "--config", f"study={workdir / 'study.yaml'}", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True)
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return result
@@ -136,8 +136,8 @@ def test_bad_config_stops_before_any_job(tmp_path):
 
 def test_the_study_plans_on_a_machine_without_gpu(tmp_path):
     """The default config.yaml (the GPU study) plans its DAG anywhere, e.g. on a login node."""
-    result = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "--configfile", str(ROOT / "config.yaml"),
-                             "--dry-run", "--cores", "1"], capture_output=True, text=True)
+    result = subprocess.run([*SNAKEMAKE, "--directory", str(tmp_path), "--dry-run", "--cores", "1"],  # config.yaml: the default
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     for backend in ("vllm", "unsloth_fi_false", "cb_paged"):
@@ -166,7 +166,7 @@ def test_backend_that_cannot_run_fails_its_job_before_loading_the_model(tmp_path
     """On a cluster the planning machine does not check (--no-hooks stands in): the job itself stops."""
     result = subprocess.run([*SNAKEMAKE, "results/stats/grpo_unsloth_fi_false_6.json", "--directory", str(tmp_path),
                              "--cores", "2", "--no-hooks", "--configfile", str(unrunnable_study(tmp_path))],
-                            capture_output=True, text=True, timeout=900)
+                            capture_output=True, text=True)
     assert result.returncode != 0
     log = (tmp_path / "results/logs/train/unsloth_fi_false_6.log").read_text()
     assert "backend 'unsloth_fi_false' cannot run here" in log

@@ -52,6 +52,18 @@ def _imports(path: Path) -> set[str]:
     return {name for name in found if _file_of(name) is not None}
 
 
+def script_imports(script: Path) -> list[str]:
+    """Package modules a script outside the package imports (absolute imports only, as scripts make)."""
+    found = set()
+    for node in ast.walk(ast.parse(Path(script).read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return sorted(name for name in found if _file_of(name) is not None)
+
+
 def module_files(*modules: str) -> list[Path]:
     """The files of `modules` and of every package module they import, transitively."""
     seen: set[Path] = set()
@@ -70,10 +82,13 @@ def module_files(*modules: str) -> list[Path]:
     return sorted(seen)
 
 
-def code_hash(*modules: str, files=()) -> str:
-    """sha256 over the content of `modules` (with what they import) and of other `files`."""
+def code_hash(*modules: str, files=(), scripts=()) -> str:
+    """sha256 over the content of `modules` (with what they import), of `scripts` (entry points outside the
+    package, with the package modules they import) and of other `files`."""
+    scripts = [Path(s) for s in scripts]
+    modules = (*modules, *(name for script in scripts for name in script_imports(script)))
     digest = hashlib.sha256()
-    for path in [*module_files(*modules), *map(Path, files)]:
+    for path in [*module_files(*modules), *scripts, *map(Path, files)]:
         digest.update(str(path.relative_to(PACKAGE.parent) if path.is_relative_to(PACKAGE.parent) else path.name).encode())
         digest.update(b"\0")
         digest.update(path.read_bytes())

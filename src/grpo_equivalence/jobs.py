@@ -1,103 +1,97 @@
-"""The workflow's jobs: `python -m grpo_equivalence.jobs STAGE SETTINGS_JSON IO_JSON`, one stage per rule.
+"""What every job of the workflow shares: its arguments, its network policy, and its tie to the workflow.
 
-SETTINGS are what the job's result depends on (a change reruns it: Snakemake compares them); IO are
-the paths and thread count it runs with (Snakemake does not compare params derived from paths).
-
-Rules call these through `shell:` rather than `script:` because Snakemake reruns a script job when the
-script file's timestamp changes, which a fresh clone changes for every file; a shell command is compared
-by its text, and each rule's `code` param (see codedeps) by content. This module only unpacks arguments
-and calls the library, so its own edits do not rerun jobs; what a job computes lives in the modules
-named in the rule's code hash.
+A rule runs `python workflow/scripts/STAGE.py SETTINGS_JSON IO_JSON` through `shell:`. SETTINGS are what the
+job's result depends on (Snakemake compares them and reruns the job when they change); IO are the paths,
+threads and process settings it runs with (Snakemake does not compare params derived from paths). Rules use
+`shell:` rather than `script:` because Snakemake reruns a `script:` job whenever the script's modification
+time changes, as it does for every file of a fresh clone; a shell command is compared by its text, and each
+rule's `code` param hashes the script's content with the package modules it imports (codedeps).
 """
 
 import json
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
-
-def prepare_model(a):
-    from . import tiny
-
-    t = a["tiny"]
-    tiny.save_model(Path(a["out"]), hidden_size=t["hidden_size"], num_layers=t["num_layers"], seed=t["seed"])
-
-
-def prepare_data(a):
-    from . import tiny
-
-    t = a["tiny"]
-    rows = tiny.problems(t["problems"], t["max_operand"], t["seed"])
-    tiny.save_problems(Path(a["out"]), rows)
-    print(f"{len(rows)} problems -> {a['out']}")
+# Set for every job: no usage report leaves the machine, whatever the study.
+NO_TELEMETRY = {"HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
+# Set for a study whose model and data are local (io `offline`): no hub look-up at all, not even the
+# `datasets` download counter or a model-info call, whatever the user's environment says.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def prime(a):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from . import prime as priming
-
-    torch.set_num_threads(a["threads"])
-    t = a["tiny"]
-    model = AutoModelForCausalLM.from_pretrained(a["model"], dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(a["model"])
-    rows = [json.loads(line) for line in Path(a["data"]).read_text().splitlines()]
-    priming.prime(model, tokenizer, rows, system_prompt=a["system_prompt"], steps=t["prime_steps"],
-                  batch_size=t["prime_batch_size"], learning_rate=t["prime_learning_rate"], seed=t["seed"])
-    # Saved in the study's dtype, as a real checkpoint is: an engine that loads the model from its path
-    # (TRL's vLLM takes the checkpoint's dtype) then runs in the dtype the trainer trains in.
-    model.to(getattr(torch, a["dtype"])).save_pretrained(a["out"])
-    tokenizer.save_pretrained(a["out"])
-
-
-def train(a):
-    from . import gpus, train as training
-
-    config = a["config"]
-    training.check_packages(a["backend"])  # before waiting for a GPU: a missing package fails at once
-    with gpus.leased(config["gpus_per_train_job"]) as lease:
-        import torch
-
-        torch.set_num_threads(a["threads"])
-        training.run(config, a["backend"], a["steps"], model_path=a["model_path"], dataset=a["dataset"],
-                     out=Path(a["out"]), gpu_lease=lease.record())
-
-
-def summarise(a):
-    from . import stats
-    from .summary import summarise as summary_of
-
-    Path(a["out"]).write_text(json.dumps(summary_of(stats.load(a["stats"]), a["skip"]), indent=1) + "\n")
-
-
-def compare(a):
-    from . import stats
-    from .compare import compare as compared
-
-    result = compared(stats.load(a["reference"]), stats.load(a["candidate"]))
-    Path(a["out"]).write_text(json.dumps(result, indent=1) + "\n")
-
-
-def render_report(a):
-    from . import report, stats
-
-    def read(paths):
-        return [json.loads(Path(p).read_text()) for p in paths]
-
-    text = report.render(summaries=read(a["summaries"]), comparisons=read(a["comparisons"]), reference=a["reference"],
-                         runs=[stats.load(p) for p in a["stats"]], stats_files=a["stats"])
-    Path(a["out"]).write_text(text)
-
-
-STAGES = {f.__name__: f for f in (prepare_model, prepare_data, prime, train, summarise, compare, render_report)}
-
-
-def main(argv=None) -> None:
+def arguments(argv=None) -> dict:
+    """SETTINGS and IO merged, with the job's process environment set before any library is imported."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 3 or argv[0] not in STAGES:
-        sys.exit(f"usage: python -m grpo_equivalence.jobs {{{','.join(STAGES)}}} SETTINGS_JSON IO_JSON")
-    STAGES[argv[0]]({**json.loads(argv[1]), **json.loads(argv[2])})
+    if len(argv) != 2:
+        sys.exit(f"usage: python {Path(sys.argv[0]).name} SETTINGS_JSON IO_JSON (a job of the workflow: run it "
+                 f"through snakemake)")
+    args = {**json.loads(argv[0]), **json.loads(argv[1])}
+    os.environ.update(NO_TELEMETRY)
+    if args.get("offline"):
+        os.environ.update(OFFLINE)
+    return args
 
 
-if __name__ == "__main__":
-    main()
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _is_snakemake(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    # `snakemake ...`, `python .../bin/snakemake ...` or `python -m snakemake ...`
+    return any(Path(arg).name == "snakemake" for arg in argv[:3])
+
+
+def workflow_process() -> int | None:
+    """The Snakemake process this job runs under (its nearest ancestor running snakemake), if any."""
+    pid = _parent(os.getpid())
+    while pid and pid > 1:
+        if _is_snakemake(pid):
+            return pid
+        pid = _parent(pid)
+    return None
+
+
+def stop_with_workflow(log=print, poll_s: float = 1.0) -> int | None:
+    """Ends this job when the Snakemake process that started it is gone (killed with SIGKILL, say).
+
+    Snakemake then cannot stop its jobs, which would run on as orphans holding a GPU for minutes to hours,
+    beside a rerun that `--unlock` allows. A job run by hand has no such process and is not watched.
+    Returns the watched process id.
+    """
+    pid = workflow_process()
+    if pid is None:
+        return None
+    started = _start_time(pid)
+
+    def watch():
+        while _start_time(pid) == started:  # a recycled pid has another start time
+            time.sleep(poll_s)
+        log(f"the workflow that started this job (snakemake, pid {pid}) is gone: stopping, so that no orphan "
+            f"job holds its GPU; rerun snakemake to run this job again")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # a library that handles SIGTERM itself had its chance to stop cleanly
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="stop-with-workflow", daemon=True).start()
+    return pid

@@ -8,3 +8,4 @@ TINY_MODEL = "results/tiny/model"
 TINY_DATA = "results/tiny/data/train.jsonl"
 PRIMED_MODEL = "results/tiny/primed"
 LOG = "results/logs/{name}.log"  # one log per job, name given by the rule
+RUN_CACHE = "results/cache/runs"  # finished runs by content key (runcache): never trained twice

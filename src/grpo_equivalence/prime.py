@@ -5,7 +5,9 @@ no signal (`frac_reward_zero_std` = 1). A few dozen SFT steps on completions in 
 while leaving the sums only partly learnt, which is what the comparison needs: rewards that vary.
 """
 
+import json
 import random
+from pathlib import Path
 
 from .answer_format import conversation, target_completion
 
@@ -48,3 +50,21 @@ def prime(model, tokenizer, rows: list[dict], *, system_prompt: str, steps: int,
             log(f"prime step {step}/{steps}: loss {loss.item():.4f}")
     model.eval()
     return losses
+
+
+def prime_saved(model_dir, data_file, out, *, system_prompt: str, dtype: str, threads: int, steps: int, batch_size: int,
+                learning_rate: float, seed: int) -> None:
+    """Primes the model saved in `model_dir` on the problems of `data_file` and saves it to `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = [json.loads(line) for line in Path(data_file).read_text().splitlines()]
+    prime(model, tokenizer, rows, system_prompt=system_prompt, steps=steps, batch_size=batch_size,
+          learning_rate=learning_rate, seed=seed)
+    # Saved in the study's dtype, as a real checkpoint is: an engine that loads the model from its path
+    # (TRL's vLLM takes the checkpoint's dtype) then runs in the dtype the trainer trains in.
+    model.to(getattr(torch, dtype)).save_pretrained(out)
+    tokenizer.save_pretrained(out)

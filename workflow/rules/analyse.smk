@@ -8,14 +8,15 @@ rule summarise:
         paths.SUMMARY,
     params:
         settings=job_args(skip=config["median_skip_steps"]),
-        code=code_hash("grpo_equivalence.summary"),
-        io=lambda wildcards, input, output: job_args(stats=input[0], out=output[0]),
+        script=entry_point("summarise"),
+        code=script_code("summarise"),
+        io=lambda wildcards, input, output: io_args(stats=input[0], out=output[0]),
     conda:
         conda_env("cpu")
     log:
         log_for("summarise/{backend}_{steps}"),
     shell:
-        "python -m grpo_equivalence.jobs summarise {params.settings:q} {params.io:q} > {log} 2>&1"
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
 
 
 rule compare:
@@ -26,8 +27,9 @@ rule compare:
         paths.COMPARISON,
     params:
         settings=job_args(),
-        code=code_hash("grpo_equivalence.compare"),
-        io=lambda wildcards, input, output: job_args(
+        script=entry_point("compare"),
+        code=script_code("compare"),
+        io=lambda wildcards, input, output: io_args(
             reference=input.reference, candidate=input.candidate, out=output[0]
         ),
     conda:
@@ -35,4 +37,4 @@ rule compare:
     log:
         log_for("compare/{candidate}_vs_{reference}_{steps}"),
     shell:
-        "python -m grpo_equivalence.jobs compare {params.settings:q} {params.io:q} > {log} 2>&1"
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"

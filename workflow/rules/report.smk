@@ -12,8 +12,9 @@ rule render_report:
         report(paths.REPORT, category="Equivalence"),
     params:
         settings=job_args(reference=REFERENCE),
-        code=code_hash("grpo_equivalence.report", files=[REPORT_TEMPLATE]),
-        io=lambda wildcards, input, output: job_args(
+        script=entry_point("render_report"),
+        code=script_code("render_report", files=[REPORT_TEMPLATE]),
+        io=lambda wildcards, input, output: io_args(
             summaries=list(input.summaries),
             comparisons=list(input.comparisons),
             stats=list(input.stats),
@@ -24,4 +25,4 @@ rule render_report:
     log:
         log_for("render_report"),
     shell:
-        "python -m grpo_equivalence.jobs render_report {params.settings:q} {params.io:q} > {log} 2>&1"
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"

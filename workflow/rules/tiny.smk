@@ -6,14 +6,15 @@ rule prepare_model:
         directory(paths.TINY_MODEL),
     params:
         settings=job_args(tiny=config.get("tiny")),
-        code=code_hash("grpo_equivalence.tiny"),
-        io=lambda wildcards, output: job_args(out=output[0]),
+        script=entry_point("prepare_model"),
+        code=script_code("prepare_model"),
+        io=lambda wildcards, output: io_args(out=output[0]),
     conda:
         conda_env("cpu")
     log:
         log_for("prepare_model"),
     shell:
-        "python -m grpo_equivalence.jobs prepare_model {params.settings:q} {params.io:q} > {log} 2>&1"
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
 
 
 rule prepare_data:
@@ -21,14 +22,15 @@ rule prepare_data:
         paths.TINY_DATA,
     params:
         settings=job_args(tiny=config.get("tiny")),
-        code=code_hash("grpo_equivalence.tiny"),
-        io=lambda wildcards, output: job_args(out=output[0]),
+        script=entry_point("prepare_data"),
+        code=script_code("prepare_data"),
+        io=lambda wildcards, output: io_args(out=output[0]),
     conda:
         conda_env("cpu")
     log:
         log_for("prepare_data"),
     shell:
-        "python -m grpo_equivalence.jobs prepare_data {params.settings:q} {params.io:q} > {log} 2>&1"
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
 
 
 rule prime:
@@ -41,8 +43,9 @@ rule prime:
         settings=job_args(
             tiny=config.get("tiny"), system_prompt=config.get("system_prompt"), dtype=config["dtype"]
         ),
-        code=code_hash("grpo_equivalence.prime"),
-        io=lambda wildcards, input, output, threads: job_args(
+        script=entry_point("prime"),
+        code=script_code("prime"),
+        io=lambda wildcards, input, output, threads: io_args(
             model=input.model, data=input.data, out=output[0], threads=threads
         ),
     threads: 2
@@ -51,4 +54,4 @@ rule prime:
     log:
         log_for("prime"),
     shell:
-        "python -m grpo_equivalence.jobs prime {params.settings:q} {params.io:q} > {log} 2>&1"
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"

@@ -16,8 +16,12 @@ rule train:
             model_path=model_path(),
             dataset=dataset_spec(),
         ),
+        script=entry_point("train"),
         code=train_code,
-        io=lambda wildcards, output, threads: job_args(out=output[0], threads=threads),
+        # The run cache's key: these settings, this code, and the content of the inputs (runcache)
+        io=lambda wildcards, input, output, threads: io_args(
+            out=output[0], threads=threads, code=train_code(wildcards), inputs=list(input)
+        ),
     # Longest expected job first, so that the GPUs finish together (grpo_equivalence.schedule).
     priority: lambda wildcards: schedule.priority(wildcards.backend, int(wildcards.steps))
     resources:
@@ -28,7 +32,7 @@ rule train:
     log:
         log_for("train/{backend}_{steps}"),
     shell:
-        "python -m grpo_equivalence.jobs train {params.settings:q} {params.io:q} > {log} 2>&1"
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
 
 
 # Run locally, a backend that cannot train on this machine stops the workflow before any job starts
