@@ -1,0 +1,50 @@
+"""How the verdict behaves on synthetic runs whose answer is known (grpo_equivalence.calibration).
+
+For several numbers of runs per backend (reference / candidate), prints:
+- how often a candidate that is another seed of the reference is called divergent on at least one of six
+  metrics judged together (the family-wise false alarm; target: at most alpha = 5 %);
+- how often it is called equivalent on one metric (the chance to confirm equivalence when it holds);
+- how often a candidate shifted by exactly the margin is called equivalent (false equivalence; target: at
+  most 5 %);
+- the shift of the mean, in standard deviations of a run's mean, that is called divergent in 80 % of trials
+  (power), with six metrics judged together.
+
+    python benchmarks/verdict_calibration.py [TRIALS]   (default 4000; the shift search uses TRIALS / 4)
+"""
+
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from grpo_equivalence import calibration, verdict  # noqa: E402
+
+METRICS = 6  # loss, reward, kl, grad_norm, completion_length, entropy
+DESIGNS = ((3, 1), (3, 3), (5, 5), (8, 8))
+
+
+def main() -> None:
+    trials = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
+    process = calibration.Process()
+    at_margin = verdict.MARGIN * math.sqrt(2)  # the margin, in run-mean standard deviations
+    print(f"synthetic runs: {process}; {trials} trials per figure, alpha {verdict.ALPHA}, margin {verdict.MARGIN}")
+    print("runs (ref/cand) | divergent, same process, any of 6 | equivalent, same process | equivalent at the margin "
+          "| shift divergent 80 % (run-mean SD)")
+    for k, m in DESIGNS:
+        start = time.perf_counter()
+        false_alarm = calibration.any_divergent_rate(process, metrics=METRICS, reference_runs=k, candidate_runs=m,
+                                                     trials=trials)
+        same = calibration.rates(process, shift_sd=0.0, reference_runs=k, candidate_runs=m, trials=trials, tests=METRICS)
+        margin = calibration.rates(process, shift_sd=at_margin, reference_runs=k, candidate_runs=m, trials=trials,
+                                   tests=METRICS)
+        shift = calibration.detected_shift(process, reference_runs=k, candidate_runs=m, trials=max(200, trials // 4),
+                                           tests=METRICS)
+        print(f"{k}/{m} | {100 * false_alarm:.1f} % | {100 * same[verdict.EQUIVALENT]:.1f} % | "
+              f"{100 * margin[verdict.EQUIVALENT]:.1f} % | {shift if shift is not None else '> 20'} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""How the verdict behaves on synthetic runs whose answer is known: how often it calls two seeds of one
+process divergent (at most alpha), and how large a shift of the mean it detects.
+
+A synthetic run is a metric's per-step series: a trend shared by every run, a per-run offset (what a seed
+changes for a whole run: its LoRA initialisation, its early samples) and step noise that carries over from
+step to step (AR(1)), as training metrics do. The candidate's runs add `shift` standard deviations of a run
+mean to every step.
+"""
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+
+from . import verdict
+
+
+@dataclass(frozen=True)
+class Process:
+    steps: int = 30
+    run_sd: float = 0.5  # per-run offset
+    step_sd: float = 1.0  # step noise
+    carry: float = 0.5  # AR(1) coefficient of the step noise
+
+    def run(self, rng: random.Random, shift: float = 0.0) -> list[float]:
+        offset = rng.gauss(0, self.run_sd)
+        noise, values = 0.0, []
+        for t in range(self.steps):
+            noise = self.carry * noise + rng.gauss(0, self.step_sd * math.sqrt(1 - self.carry ** 2))
+            values.append(1.0 + 0.05 * t + offset + noise + shift)
+        return values
+
+    def run_mean_sd(self) -> float:
+        """The standard deviation of a run's mean over its steps (the unit shifts are given in)."""
+        n, phi = self.steps, self.carry
+        # variance of the mean of an AR(1) series of unit variance: (1/n^2) sum_ij phi^|i-j|
+        acf = sum((n - abs(lag)) * phi ** abs(lag) for lag in range(-(n - 1), n)) / n ** 2
+        return math.sqrt(self.run_sd ** 2 + self.step_sd ** 2 * acf)
+
+
+def rates(process: Process, *, shift_sd: float, reference_runs: int, candidate_runs: int, trials: int,
+          seed: int = 0, alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, tests: int = 1) -> dict[str, float]:
+    """The share of each verdict over `trials` synthetic comparisons of one metric, the candidate shifted by
+    `shift_sd` standard deviations of a run mean (judged as one of `tests` metrics)."""
+    rng = random.Random(seed)
+    shift = shift_sd * process.run_mean_sd()
+    counts = dict.fromkeys((verdict.EQUIVALENT, verdict.DIVERGENT, verdict.INCONCLUSIVE), 0)
+    for _ in range(trials):
+        reference = [statistics.fmean(process.run(rng)) for _ in range(reference_runs)]
+        candidate = [statistics.fmean(process.run(rng, shift)) for _ in range(candidate_runs)]
+        counts[verdict.judge(reference, candidate, alpha=alpha, margin=margin, tests=tests)["verdict"]] += 1
+    return {name: count / trials for name, count in counts.items()}
+
+
+def any_divergent_rate(process: Process, *, metrics: int, reference_runs: int, candidate_runs: int, trials: int,
+                       seed: int = 0) -> float:
+    """How often a candidate that is another seed of the reference is called divergent on at least one of
+    `metrics` independent metrics judged together."""
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(trials):
+        for _ in range(metrics):
+            reference = [statistics.fmean(process.run(rng)) for _ in range(reference_runs)]
+            candidate = [statistics.fmean(process.run(rng)) for _ in range(candidate_runs)]
+            if verdict.judge(reference, candidate, tests=metrics)["verdict"] == verdict.DIVERGENT:
+                hits += 1
+                break
+    return hits / trials
+
+
+def detected_shift(process: Process, *, reference_runs: int, candidate_runs: int, trials: int, power: float = 0.8,
+                   tests: int = 1, seed: int = 0) -> float | None:
+    """The smallest shift (in run-mean standard deviations, on a 0.25 grid up to 20) called divergent in at
+    least `power` of the trials."""
+    for quarter in range(0, 81):
+        shift = quarter / 4
+        if rates(process, shift_sd=shift, reference_runs=reference_runs, candidate_runs=candidate_runs,
+                 trials=trials, seed=seed, tests=tests)[verdict.DIVERGENT] >= power:
+            return shift
+    return None
