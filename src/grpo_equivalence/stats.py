@@ -177,6 +177,11 @@ def check(stats, path) -> None:
         raise StatsError(f"{path}: train_wall_s is {_describe(stats['train_wall_s'])}, not a positive number of seconds")
     if stats["peak_mem_gb"] is not None and not (_is_number(stats["peak_mem_gb"]) and stats["peak_mem_gb"] >= 0):
         raise StatsError(f"{path}: peak_mem_gb is {_describe(stats['peak_mem_gb'])}, not a number of GB (or null)")
+    warned = stats.get("warnings", [])
+    if not isinstance(warned, list) or not all(
+            isinstance(w, dict) and isinstance(w.get("message"), str) and isinstance(w.get("source"), str)
+            and isinstance(w.get("count"), int) for w in warned):
+        raise StatsError(f"{path}: warnings is not a list of objects with source, message and count")
     for i, step in enumerate(stats["steps"]):
         if not isinstance(step, dict):
             raise StatsError(f"{path}: steps[{i}] is {_describe(step)}, not an object")
@@ -246,3 +251,4 @@ def identity_problems(runs: dict) -> list[str]:
                             f"{run['seed']}: keep one of them")
         seen.setdefault(identity, path)
     return problems
+

@@ -34,7 +34,24 @@ def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
         "warmup_s": sum(s["wall_s"] for s in stats["steps"] if s["step"] <= skip),
         "uses_vllm": bool(_trainer(stats).get("use_vllm")),
         "vllm_reserved_gb": _vllm_reservation_gb(stats),
+        # How far the sampler's log-probabilities are from the trainer's (TRL logs it for vLLM rollouts with
+        # importance-sampling correction on): mean over the steps that logged it; absent: not logged
+        "sampler_mismatch": _means(stats["steps"], MISMATCH_PREFIXES),
     }
+
+
+# TRL's keys of the sampler/trainer mismatch: sampling/sampling_logp_difference/{mean,max} and
+# sampling/importance_sampling_ratio/{min,mean,max}
+MISMATCH_PREFIXES = ("sampling/sampling_logp_difference/", "sampling/importance_sampling_ratio/")
+
+
+def _means(steps: list[dict], prefixes) -> dict[str, float]:
+    values: dict[str, list[float]] = {}
+    for step in steps:
+        for key, value in (step.get("metrics") or {}).items():
+            if key.startswith(prefixes) and isinstance(value, (int, float)) and math.isfinite(value):
+                values.setdefault(key, []).append(value)
+    return {key: statistics.fmean(v) for key, v in sorted(values.items())}
 
 
 def _trainer(stats: dict) -> dict:

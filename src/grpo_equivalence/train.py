@@ -10,6 +10,7 @@ from .answer_format import CHAT_TEMPLATE
 from .data import load_problems
 from .memory import MemoryProbe
 from .rewards import make_reward_functions
+from .runwarnings import WarningLog
 
 # Settings the workflow itself fixes for every run (not study choices): one log per optimizer step so
 # that statistics align step by step, and no checkpoints (the statistics file is the run's output).
@@ -65,53 +66,55 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     # takes minutes where a step takes a fraction of a second, and must not be read as training time.
     startup_began = time.perf_counter()
     probe = MemoryProbe(device)
-    import torch
+    # Every warning of loading and training is kept with the run: a setting a backend ignores shows here.
+    with WarningLog() as warned:
+        import torch
 
-    backend.before_trl_import()
-    from trl import GRPOConfig, GRPOTrainer
+        backend.before_trl_import()
+        from trl import GRPOConfig, GRPOTrainer
 
-    grpo = config["grpo"]
-    options = (config.get("backend_options") or {}).get(backend_name, {})
-    spec = backends.LoadSpec(model=model_path, dtype=config["dtype"], lora=config["lora"],
-                             max_seq_length=config.get("max_seq_length", 2048), device=device, seed=grpo["seed"],
-                             gradient_checkpointing=grpo["gradient_checkpointing"], options=options)
-    log(f"[{backend_name} x {max_steps}] loading {model_path} on {device}")
-    loaded = backend.load(spec)
-    tokenizer = loaded.tokenizer
-    tokenizer.chat_template = CHAT_TEMPLATE  # the study's format, whatever template the model shipped with
-    problems = load_problems(dataset, system_prompt=config.get("system_prompt"), tokenizer=tokenizer)
+        grpo = config["grpo"]
+        options = (config.get("backend_options") or {}).get(backend_name, {})
+        spec = backends.LoadSpec(model=model_path, dtype=config["dtype"], lora=config["lora"],
+                                 max_seq_length=config.get("max_seq_length", 2048), device=device, seed=grpo["seed"],
+                                 gradient_checkpointing=grpo["gradient_checkpointing"], options=options)
+        log(f"[{backend_name} x {max_steps}] loading {model_path} on {device}")
+        loaded = backend.load(spec)
+        tokenizer = loaded.tokenizer
+        tokenizer.chat_template = CHAT_TEMPLATE  # the study's format, whatever template the model shipped with
+        problems = load_problems(dataset, system_prompt=config.get("system_prompt"), tokenizer=tokenizer)
 
-    # No checkpoints are saved; the trainer's output_dir is a scratch folder, not a result.
-    scratch = tempfile.TemporaryDirectory(prefix=f"grpo_{backend_name}_{max_steps}_")
-    overrides = backend.grpo_overrides(options)
-    args = GRPOConfig(
-        output_dir=scratch.name,
-        max_steps=max_steps,
-        use_cpu=device == "cpu",
-        bf16=config["dtype"] == "bfloat16" and device == "cuda",
-        fp16=config["dtype"] == "float16" and device == "cuda",
-        **grpo,
-        **FIXED_ARGS,
-        **overrides,
-    )
-    recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None)
-    trainer = GRPOTrainer(
-        model=loaded.model,
-        processing_class=tokenizer,
-        reward_funcs=make_reward_functions(tokenizer.eos_token),
-        args=args,
-        train_dataset=problems,
-        peft_config=loaded.peft_config,
-        callbacks=[recorder],
-    )
-    startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
-    log(f"[{backend_name} x {max_steps}] training")
-    started_at = time.time()
-    start = time.perf_counter()
-    startup_s = start - startup_began
-    trainer.train()
-    train_wall = time.perf_counter() - start
-    finished_at = time.time()
+        # No checkpoints are saved; the trainer's output_dir is a scratch folder, not a result.
+        scratch = tempfile.TemporaryDirectory(prefix=f"grpo_{backend_name}_{max_steps}_")
+        overrides = backend.grpo_overrides(options)
+        args = GRPOConfig(
+            output_dir=scratch.name,
+            max_steps=max_steps,
+            use_cpu=device == "cpu",
+            bf16=config["dtype"] == "bfloat16" and device == "cuda",
+            fp16=config["dtype"] == "float16" and device == "cuda",
+            **grpo,
+            **FIXED_ARGS,
+            **overrides,
+        )
+        recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None)
+        trainer = GRPOTrainer(
+            model=loaded.model,
+            processing_class=tokenizer,
+            reward_funcs=make_reward_functions(tokenizer.eos_token),
+            args=args,
+            train_dataset=problems,
+            peft_config=loaded.peft_config,
+            callbacks=[recorder],
+        )
+        startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
+        log(f"[{backend_name} x {max_steps}] training")
+        started_at = time.time()
+        start = time.perf_counter()
+        startup_s = start - startup_began
+        trainer.train()
+        train_wall = time.perf_counter() - start
+        finished_at = time.time()
 
     steps = stats.step_records(recorder.records)
     peaks = [s["peak_mem_gb"] for s in steps if s["peak_mem_gb"] is not None]
@@ -134,6 +137,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "memory_measure": probe.describe(),
         "steps": steps,
         "trainer_summary": recorder.run_summary,
+        "warnings": warned.records(),
         "effective_config": {**effective_config(trainer), "rollout_settings": sorted(overrides)},
         "environment": {**environment.describe(), "gpu_lease": gpu_lease},
     }
