@@ -17,6 +17,7 @@ wildcard_constraints:
     candidate="|".join(CANDIDATES) or "none",
     reference=REFERENCE,
     steps=r"\d+",
+    replicate=r"(_seed\d+)?",
 
 
 include: "workflow/rules/tiny.smk"

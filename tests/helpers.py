@@ -3,7 +3,7 @@
 from grpo_equivalence import stats
 
 
-def make_stats(backend="hf", n=6, *, wall=None, loss=None, reward=None, kl=None, grad_norm=None, peak=1.0):
+def make_stats(backend="hf", n=6, *, wall=None, loss=None, reward=None, kl=None, grad_norm=None, peak=1.0, seed=3407):
     steps = []
     for i in range(1, n + 1):
         steps.append({
@@ -14,10 +14,10 @@ def make_stats(backend="hf", n=6, *, wall=None, loss=None, reward=None, kl=None,
             "reward": reward(i) if reward else float(i),
             "kl": kl(i) if kl else 0.01 * i,
             "peak_mem_gb": peak + i / 100,
-            "metrics": {"frac_reward_zero_std": 0.25, "entropy": 1.0},
+            "metrics": {"frac_reward_zero_std": 0.25, "entropy": 1.0, "completions/mean_length": 10.0},
         })
     return {
-        "schema_version": stats.SCHEMA_VERSION, "backend": backend, "max_steps": n, "seed": 3407, "model": "m",
+        "schema_version": stats.SCHEMA_VERSION, "backend": backend, "max_steps": n, "seed": seed, "model": "m",
         "dataset": "d", "train_wall_s": 10.0 * n, "peak_mem_gb": max(s["peak_mem_gb"] for s in steps), "steps": steps,
         "effective_config": {"trainer": {"beta": 0.001}, "lora": None, "generation": None},
         "environment": {"packages": {"trl": "1.16.0"}, "gpu_name": None, "gpu_count": 0, "git_commit": "abc"},

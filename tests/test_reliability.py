@@ -100,7 +100,7 @@ def interrupted(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")])),
                NETWORK_AUDIT_LOG=str(workdir / "network.log"))
-    study(workdir, steps=[4, 8])
+    study(workdir, steps=[4, 8], replicates={"reference": 1, "others": 1})
     proc = start(workdir, env)
     training = wait_until_training(workdir, proc)
     proc.send_signal(signal.SIGINT)
@@ -126,11 +126,13 @@ def test_sigint_lets_running_train_jobs_finish_but_snakemake_marks_them_incomple
 def test_rerun_incomplete_restores_finished_runs_instead_of_training_them(interrupted):
     workdir = interrupted["workdir"]
     assert interrupted["rerun_rc"] == 0, (workdir / "snakemake.out").read_text()[-3000:]
-    for name, content in interrupted["finished"].items():
-        backend, steps = stats.STATS_NAME.match(name).group("backend", "steps")
-        log = (workdir / f"results/logs/train/{backend}_{steps}.log").read_text()
+    incomplete = [name for name in interrupted["finished"] if f"results/stats/{name}" in interrupted["plan"]]
+    assert incomplete, interrupted["plan"][-2000:]  # Snakemake listed the finished runs as incomplete
+    for name in incomplete:
+        log = (workdir / "results/logs/train" / name.removeprefix("grpo_").replace(".json", ".log")).read_text()
         assert "restored from the run cache" in log and "] training" not in log, log[-2000:]
-        assert (workdir / "results/stats" / name).read_bytes() == content  # the very run, not a new one
+    for name, content in interrupted["finished"].items():
+        assert (workdir / "results/stats" / name).read_bytes() == content  # the very runs, none trained again
     assert (workdir / "results/grpo_equivalence.md").exists()
 
 
@@ -142,7 +144,7 @@ def test_a_local_study_makes_no_network_call_whatever_the_environment(interrupte
 def test_train_jobs_stop_when_snakemake_is_killed(tmp_path):
     """SIGKILL leaves Snakemake no chance to stop its jobs: they must notice and stop themselves, or they
     would train on as orphans (holding a GPU) beside a rerun that --unlock allows."""
-    study(tmp_path, backends=["hf"], reference="hf", steps=[200])  # far longer than the test waits
+    study(tmp_path, backends=["hf"], reference="hf", steps=[200], replicates={"reference": 1, "others": 1})
     proc = start(tmp_path, dict(os.environ))
     (log,) = wait_until_training(tmp_path, proc)
     jobs = train_processes(tmp_path)

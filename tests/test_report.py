@@ -21,10 +21,10 @@ def test_one_table_per_step_count_with_percent_of_reference(stats_dir):
     assert re.findall(r"^## (\d+) steps$", text, re.M) == ["5", "8"]
     speed = tables_headed(text, "Backend", "Train wall (s)")
     assert len(speed) == 2
-    assert [t[0]["% of vllm"] for t in speed] == ["100 %", "100 %"]
+    assert [t[0]["% of vllm"] for t in speed] == ["100.0 %", "100.0 %"]
     cb = speed[0][1]
     assert [cb[k] for k in ("Backend", "Train wall (s)", "Median step (s)", "Peak mem (GB)", "% of vllm")] == \
-        ["cb_paged", "50.0", "4.000", "1.05", "50 %"]
+        ["cb_paged", "50.0", "4.000", "1.05", "50.0 %"]
     assert cb["Start-up (s)"] == "not recorded"  # an optional field these files lack
     assert cb["Warm-up steps (s)"] == "12.0"  # steps 1..3 at 4 s
 
@@ -47,11 +47,13 @@ def test_startup_and_vllm_reservation_are_shown_for_what_they_are(tmp_path):
 
 def test_pairwise_table_reports_not_logged_never_zero(stats_dir):
     text = from_stats_dir(stats_dir, "vllm")
-    pair = tables_headed(text, "Candidate")[0][0]
+    verdicts, steps = tables_headed(text, "Candidate", "loss")[:2]  # 5 steps: verdicts, then step by step
     memory = tables_headed(text, "Backend", "Device in use (peak)")[0][1]
     assert list(memory.values()) == ["cb_paged", "1.05", "none (no vLLM)", "not logged", "not logged"]  # no CUDA here
-    assert pair["max |kl diff|"].startswith("not logged")
-    assert pair["max |reward diff| (mean)"] == "0.250 (0.250)" and pair["max |loss diff|"] == "0.0000"
+    assert verdicts[0]["kl"] == "not logged" and steps[0]["kl"] == "not logged"
+    # one run each: no noise floor, so no verdict but inconclusive, and the step table has no floor either
+    assert verdicts[0]["reward"].startswith("inconclusive")
+    assert steps[0]["reward"] == "0.25 (0.25) vs no floor" and steps[0]["loss"] == "0 (0) vs no floor"
 
 
 def test_report_lists_the_raw_statistics_and_settings(stats_dir):
@@ -99,3 +101,19 @@ def test_settings_that_differ_between_backends_are_listed(tmp_path):
 
 def test_no_differing_settings_is_said_plainly(stats_dir):
     assert "None: every effective setting read back from the trainers is the same" in from_stats_dir(stats_dir, "vllm")
+
+
+def test_settings_are_audited_per_step_count(tmp_path):
+    """A learning rate that differs at 5 steps is not hidden by agreeing 8-step runs."""
+    for steps in (5, 8):
+        for backend in ("vllm", "hf"):
+            run = make_stats(backend, steps)
+            lr = 1e-5 if backend == "hf" and steps == 5 else 5e-6
+            run["effective_config"] = {"trainer": {"learning_rate": lr, "use_vllm": backend == "vllm"},
+                                       "rollout_settings": ["use_vllm"]}
+            stats.write(tmp_path / f"grpo_{backend}_{steps}.json", run)
+    text = from_stats_dir(tmp_path, "vllm")
+    five = text.split("### Settings that differ between backends (5 steps)")[1].split("## 8 steps")[0]
+    eight = text.split("### Settings that differ between backends (8 steps)")[1].split("## Warnings")[0]
+    assert "| trainer.learning_rate | 1e-05 | 5e-06 |" in five and "Only rollout settings differ" not in five
+    assert "learning_rate" not in eight and "Only rollout settings differ" in eight

@@ -52,7 +52,7 @@ def project(tmp_path_factory):
     for name in PROJECT_FILES:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, project / name)
     config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config["steps"] = list(STEPS)
+    config.update(steps=list(STEPS), replicates={"reference": 2, "others": 1})  # hf: 2 seeds, cb_paged: 1
     (project / "study.yaml").write_text(yaml.safe_dump(config))
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], cwd=project, check=True)
@@ -95,7 +95,7 @@ def test_one_backends_loader_changed_only_its_jobs(project, edit):
     edit("src/grpo_equivalence/backends/cb_paged.py", lambda t: t + "\n# changed\n")
     jobs = plan(project)
     assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_cb_paged_{s}.json" for s in STEPS}
-    assert rules(jobs) == {"train": 2, "summarise": 2, "compare": 2, "render_report": 1}
+    assert rules(jobs) == {"train": 2, "summarise": 2, "compare": 2, "plot_curves": 2, "plot_speed": 1, "render_report": 1}
 
 
 def test_one_backends_settings_changed_only_its_jobs(project, edit):
@@ -107,8 +107,9 @@ def test_one_backends_settings_changed_only_its_jobs(project, edit):
 def test_a_new_step_count_runs_only_the_new_jobs(project, edit):
     edit("study.yaml", lambda t: t.replace("- 5\n", "- 5\n- 7\n"))
     jobs = plan(project)
-    assert {out for rule, out in jobs if rule == "train"} == {"results/stats/grpo_hf_7.json", "results/stats/grpo_cb_paged_7.json"}
-    assert rules(jobs) == {"train": 2, "summarise": 2, "compare": 1, "render_report": 1}
+    assert {out for rule, out in jobs if rule == "train"} == {
+        "results/stats/grpo_hf_7.json", "results/stats/grpo_hf_7_seed3408.json", "results/stats/grpo_cb_paged_7.json"}
+    assert rules(jobs) == {"train": 3, "summarise": 2, "compare": 1, "plot_curves": 1, "plot_speed": 1, "render_report": 1}
 
 
 @pytest.mark.parametrize("shared", ["src/grpo_equivalence/rewards.py", "src/grpo_equivalence/train.py",
@@ -116,12 +117,13 @@ def test_a_new_step_count_runs_only_the_new_jobs(project, edit):
 def test_rewards_or_shared_training_code_changed_all_train_jobs(project, edit, shared):
     edit(shared, lambda t: t + "\n# changed\n")
     trains = {out for rule, out in plan(project) if rule == "train"}
-    assert trains == {f"results/stats/grpo_{b}_{s}.json" for b in ("hf", "cb_paged") for s in STEPS}
+    assert trains == {f"results/stats/grpo_{b}_{s}.json" for b in ("hf", "cb_paged") for s in STEPS} | {
+        f"results/stats/grpo_hf_{s}_seed3408.json" for s in STEPS}
 
 
 def test_a_rules_script_changed_only_its_jobs(project, edit):
     edit("workflow/scripts/summarise.py", lambda t: t + "\n# changed\n")
-    assert rules(plan(project)) == {"summarise": 2 * len(STEPS), "render_report": 1}
+    assert rules(plan(project)) == {"summarise": 2 * len(STEPS), "plot_speed": 1, "render_report": 1}
 
 
 def test_touching_files_without_changing_them_reruns_nothing(project):
@@ -137,3 +139,15 @@ def test_a_fresh_clone_of_an_unchanged_tree_reruns_nothing(project, tmp_path):
     for kept in ("results", ".snakemake", "study.yaml"):  # outputs and Snakemake's records, as they were
         subprocess.run(["cp", "-a", str(project / kept), str(clone / kept)], check=True)
     assert plan(clone) == set()
+
+
+def test_verdict_settings_changed_only_the_comparisons(project, edit):
+    edit("study.yaml", lambda t: t.replace("margin: 1.0", "margin: 2.0"))
+    assert rules(plan(project)) == {"compare": len(STEPS), "render_report": 1}
+
+
+def test_another_reference_seed_trains_only_that_seed(project, edit):
+    edit("study.yaml", lambda t: t.replace("reference: 2", "reference: 3"))
+    jobs = plan(project)
+    assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_hf_{s}_seed3409.json" for s in STEPS}
+    assert rules(jobs) == {"train": 2, "compare": 2, "plot_curves": 2, "render_report": 1}

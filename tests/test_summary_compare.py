@@ -32,7 +32,7 @@ def test_summary_needs_steps_after_the_warm_up():
 def test_compare_max_and_mean_abs_diff_on_aligned_steps():
     ref = make_stats("vllm", 4, reward=lambda i: float(i))
     cand = make_stats("cb_paged", 4, reward=lambda i: float(i) + (0.5 if i == 3 else -0.1))
-    result = compare(ref, cand)
+    result = compare([ref], [cand])
     reward = result["metrics"]["reward"]
     assert reward["max_abs_diff"] == pytest.approx(0.5) and reward["at_step"] == 3
     assert reward["mean_abs_diff"] == pytest.approx((0.1 + 0.1 + 0.5 + 0.1) / 4)
@@ -43,22 +43,44 @@ def test_compare_max_and_mean_abs_diff_on_aligned_steps():
 def test_metric_missing_in_one_run_is_not_logged_never_zero():
     ref = make_stats("vllm", 4)
     cand = make_stats("hf", 4, kl=lambda i: None)
-    kl = compare(ref, cand)["metrics"]["kl"]
-    assert kl == {"status": NOT_LOGGED, "not_logged_in": ["hf x 4"]}
+    kl = compare([ref], [cand])["metrics"]["kl"]
+    assert kl["status"] == NOT_LOGGED and kl["not_logged_in"] == ["hf x 4 (seed 3407)"]
+    assert kl["verdict"] == {"verdict": "not logged", "not_logged_in": ["hf x 4 (seed 3407)"],
+                             "reason": "not logged in hf x 4 (seed 3407)"}
 
 
 def test_nan_fails_loudly():
     cand = make_stats("hf", 4, loss=lambda i: float("nan") if i == 2 else 0.1)
     with pytest.raises(StatsError, match="loss is nan at step 2"):
-        compare(make_stats("vllm", 4), cand)
+        compare([make_stats("vllm", 4)], [cand])
 
 
 def test_metric_logged_at_some_steps_only_fails():
     cand = make_stats("hf", 4, kl=lambda i: None if i == 3 else 0.1)
     with pytest.raises(StatsError, match="kl is logged at some steps but missing at step 3"):
-        compare(make_stats("vllm", 4), cand)
+        compare([make_stats("vllm", 4)], [cand])
 
 
 def test_runs_of_different_length_fail():
     with pytest.raises(StatsError, match="different length"):
-        compare(make_stats("vllm", 6), make_stats("hf", 5))
+        compare([make_stats("vllm", 6)], [make_stats("hf", 5)])
+
+
+def test_replicates_give_a_noise_floor_and_verdicts():
+    refs = [make_stats("vllm", 6, seed=3407 + i, reward=lambda t, i=i: 2.0 + 0.1 * i + 0.01 * t) for i in range(3)]
+    same = [make_stats("hf", 6, reward=lambda t: 2.1 + 0.01 * t)]
+    shifted = [make_stats("hf", 6, reward=lambda t: 9.0 + 0.01 * t)]
+    result = compare(refs, same)
+    assert result["reference_seeds"] == [3407, 3408, 3409] and result["candidate_seeds"] == [3407]
+    assert result["metrics"]["reward"]["seed_floor"] == pytest.approx((0.1 + 0.2 + 0.1) / 3)
+    assert result["metrics"]["reward"]["verdict"]["verdict"] == "equivalent"  # the reference seeds' mean exactly
+    assert compare(refs, shifted)["metrics"]["reward"]["verdict"]["verdict"] == "divergent"
+    # six metrics are logged, so the divergence test runs at alpha / 6
+    assert result["metrics_judged"] == ["loss", "reward", "kl", "grad_norm", "completion_length", "entropy"]
+
+
+def test_runs_of_one_role_must_be_one_backend_with_distinct_seeds():
+    with pytest.raises(StatsError, match="repeat a seed"):
+        compare([make_stats("vllm", 4), make_stats("vllm", 4)], [make_stats("hf", 4)])
+    with pytest.raises(StatsError, match="several backends"):
+        compare([make_stats("vllm", 4), make_stats("hf", 4, seed=1)], [make_stats("hf", 4)])

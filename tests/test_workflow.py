@@ -18,12 +18,13 @@ from helpers import tables_headed
 pytestmark = pytest.mark.workflow
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
 STEPS = (4, 6)
+REPLICATES = {"reference": 3, "others": 2}  # hf: seeds 3407..3409, cb_paged: 3407 and 3408
 
 
 def snakemake(workdir: Path, *args: str, check=True) -> subprocess.CompletedProcess:
     """The tiny study with two short step counts, in `workdir` (its config is written there)."""
     config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config["steps"] = list(STEPS)
+    config.update(steps=list(STEPS), replicates=REPLICATES)
     (workdir / "study.yaml").write_text(yaml.safe_dump(config))
     cmd = [*SNAKEMAKE, "--directory", str(workdir), "results/grpo_equivalence.md", "--cores", "2",
            "--config", f"study={workdir / 'study.yaml'}", *args]
@@ -40,8 +41,13 @@ def study(tmp_path_factory):
     return workdir
 
 
-def load(workdir, backend, steps):
-    return json.loads((workdir / f"results/stats/grpo_{backend}_{steps}.json").read_text())
+def load(workdir, backend, steps, seed=None):
+    name = f"grpo_{backend}_{steps}" + (f"_seed{seed}" if seed is not None else "")
+    return json.loads((workdir / f"results/stats/{name}.json").read_text())
+
+
+def seeds(backend):
+    return [3407 + i for i in range(REPLICATES["reference" if backend == "hf" else "others"])]
 
 
 def test_every_job_ran_and_logged(study):
@@ -75,25 +81,82 @@ def test_report_speed_tables_match_the_statistics(study):
             assert row["Train wall (s)"] == f"{run['train_wall_s']:.1f}"
             assert row["Median step (s)"] == f"{median:.3f}"
             assert row["Peak mem (GB)"] == f"{run['peak_mem_gb']:.2f}"
-            assert row["% of hf"] == f"{100 * ref_median / median:.0f} %"
+            assert row["% of hf"] == f"{100 * ref_median / median:.1f} %"
             assert row["Start-up (s)"] == f"{run['startup_s']:.1f}" and 0 < run["startup_s"] < run["train_wall_s"] * 10
 
 
-def test_report_differences_match_the_statistics(study):
+def test_replicates_ran_with_their_own_seeds(study):
+    for backend in ("hf", "cb_paged"):
+        for steps in STEPS:
+            for seed in seeds(backend)[1:]:
+                run = load(study, backend, steps, seed)
+                assert run["seed"] == seed and run["effective_config"]["trainer"]["seed"] == seed
+            rewards = [[s["reward"] for s in load(study, backend, steps, seed if seed != 3407 else None)["steps"]]
+                       for seed in seeds(backend)]
+            assert len({tuple(r) for r in rewards}) == len(rewards)  # reseeding changed the run
+
+
+def test_report_verdicts_match_the_statistics(study):
+    """Every verdict and its evidence, recomputed here from the statistics files of all seeds."""
+    from grpo_equivalence import verdict
+
     report = (study / "results/grpo_equivalence.md").read_text()
-    pairs = [table[0] for table in tables_headed(report, "Candidate")]
-    assert len(pairs) == len(STEPS)
-    for row, steps in zip(pairs, STEPS):
-        row = list(row.values())
+    verdict_tables = tables_headed(report, "Candidate", "loss")[0::2]  # per step count: verdicts, step by step
+    evidence_tables = tables_headed(report, "Candidate", "Metric")
+    assert len(verdict_tables) == len(evidence_tables) == len(STEPS)
+    for steps, verdicts, evidence in zip(STEPS, verdict_tables, evidence_tables):
+        refs = [load(study, "hf", steps, s if s != 3407 else None) for s in seeds("hf")]
+        cands = [load(study, "cb_paged", steps, s if s != 3407 else None) for s in seeds("cb_paged")]
+        rows = {row["Metric"]: row for row in evidence}
+        for metric in verdict.METRICS:
+            expected = verdict.judge_runs(refs, cands, metric, tests=len(verdict.METRICS))
+            assert verdicts[0][metric].strip("*").startswith(expected["verdict"]), (metric, verdicts[0][metric])
+            assert rows[metric]["Runs (reference/candidate)"] == "3/2"
+            assert float(rows[metric]["Difference"]) == pytest.approx(expected["difference"], rel=1e-3, abs=1e-6)
+            assert rows[metric]["Verdict, because"].startswith(expected["verdict"])
+
+
+def test_report_step_differences_match_the_statistics(study):
+    report = (study / "results/grpo_equivalence.md").read_text()
+    step_tables = tables_headed(report, "Candidate", "loss")[1::2]
+    assert len(step_tables) == len(STEPS)
+    for (row,), steps in zip(step_tables, STEPS):
         ref, cand = load(study, "hf", steps)["steps"], load(study, "cb_paged", steps)["steps"]
-        diff = {m: [abs(c[m] - r[m]) for c, r in zip(cand, ref)] for m in ("loss", "reward", "kl", "grad_norm")}
-        assert all(math.isfinite(d) for d in diff["kl"])  # beta != 0: kl logged by both backends
-        assert float(row[1]) == pytest.approx(max(diff["loss"]), abs=1e-4)
-        reward_max, reward_mean = re.match(r"(\S+) \((\S+)\)", row[2]).groups()
-        assert float(reward_max) == pytest.approx(max(diff["reward"]), abs=1e-3)
-        assert float(reward_mean) == pytest.approx(statistics.mean(diff["reward"]), abs=1e-3)
-        assert float(row[3]) == pytest.approx(max(diff["kl"]), rel=1e-3, abs=1e-4)
-        assert float(row[4]) == pytest.approx(max(diff["grad_norm"]), abs=1e-4)
+        for metric in ("loss", "reward", "kl", "grad_norm"):
+            diff = [abs(c[metric] - r[metric]) for c, r in zip(cand, ref)]
+            mean, largest, floor = re.match(r"(\S+) \((\S+)\) vs (\S+)", row[metric]).groups()
+            assert float(mean) == pytest.approx(statistics.mean(diff), rel=1e-3, abs=1e-6)
+            assert float(largest) == pytest.approx(max(diff), rel=1e-3, abs=1e-6)
+            assert float(floor) > 0  # three reference seeds: a floor
+
+
+def test_warnings_are_recorded_and_a_sampling_one_is_called_a_confound(study):
+    report = (study / "results/grpo_equivalence.md").read_text()
+    warned = load(study, "cb_paged", STEPS[0])["warnings"]
+    assert any("MinPLogitsWarper might not be supported" in w["message"] and w["count"] == STEPS[0] for w in warned)
+    assert "**Confound, cb_paged**" in report and "MinPLogitsWarper" in report
+    assert "**hf**: none." in report
+
+
+def test_figures_are_made_and_linked(study):
+    report = (study / "results/grpo_equivalence.md").read_text()
+    for steps in STEPS:
+        figure = study / f"results/figures/curves_{steps}.png"
+        assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 20_000
+        assert f"](figures/curves_{steps}.png)" in report
+    assert (study / "results/figures/speed_memory.png").exists() and "](figures/speed_memory.png)" in report
+
+
+def test_snakemakes_html_report_holds_the_report_and_figures(study):
+    out = study / "report.html"
+    result = subprocess.run([*SNAKEMAKE, "--directory", str(study), "results/grpo_equivalence.md",
+                             "--config", f"study={study / 'study.yaml'}", "--report", str(out)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    html = out.read_text()
+    for name in ("grpo_equivalence.md", "curves_4.png", "curves_6.png", "speed_memory.png"):
+        assert name in html
+    assert "the reference's runs of every seed" in html  # a caption
 
 
 def test_grpo_has_a_signal(study):

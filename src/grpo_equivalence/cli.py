@@ -4,7 +4,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import report, stats
+from . import report, stats, verdict
 from .compare import compare
 from .summary import DEFAULT_SKIP, summarise
 
@@ -41,13 +41,19 @@ def summarise_main(argv=None):
 
 
 def compare_main(argv=None):
-    parser = argparse.ArgumentParser(prog="grpo-compare", description="Step-aligned differences of a candidate run against a reference run.")
-    parser.add_argument("--ref", required=True, help="the reference run's statistics file")
-    parser.add_argument("--candidate", required=True, help="the candidate run's statistics file")
+    parser = argparse.ArgumentParser(prog="grpo-compare", description="A candidate's runs against the reference's at one "
+                                     "step count: step by step, against the reference's seed-to-seed noise, with a verdict per metric.")
+    parser.add_argument("--ref", required=True, nargs="+", help="the reference's statistics files, the study's seed first, "
+                        "then its replicates (at least 2 runs for a noise floor)")
+    parser.add_argument("--candidate", required=True, nargs="+", help="the candidate's statistics files, the study's seed first")
+    parser.add_argument("--alpha", type=float, default=verdict.ALPHA, help="error rate of each verdict (default: %(default)s)")
+    parser.add_argument("--margin", type=float, default=verdict.MARGIN, help="largest difference still equivalent, in "
+                        "standard deviations of a seed-to-seed difference (default: %(default)s)")
     parser.add_argument("-o", "--output", help="write the comparison JSON here (default: stdout)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     args = parser.parse_args(argv)
-    _run(lambda: _write(stats.to_json(compare(stats.load(args.ref), stats.load(args.candidate))), args.output, args.force))
+    _run(lambda: _write(stats.to_json(compare([stats.load(p) for p in args.ref], [stats.load(p) for p in args.candidate],
+                                              alpha=args.alpha, margin=args.margin)), args.output, args.force))
 
 
 def report_main(argv=None):
@@ -56,11 +62,14 @@ def report_main(argv=None):
     parser.add_argument("--reference", required=True, help="the backend every other one is compared with")
     parser.add_argument("-o", "--output", help="write the Markdown report here (default: stdout)")
     parser.add_argument("--skip", type=int, default=DEFAULT_SKIP, help="warm-up steps left out of the median (default: %(default)s)")
+    parser.add_argument("--alpha", type=float, default=verdict.ALPHA, help="error rate of each verdict (default: %(default)s)")
+    parser.add_argument("--margin", type=float, default=verdict.MARGIN, help="largest difference still equivalent, in "
+                        "standard deviations of a seed-to-seed difference (default: %(default)s)")
     parser.add_argument("--template", type=Path, default=report.TEMPLATE, help="Jinja template (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     args = parser.parse_args(argv)
     if not args.template.exists():
         sys.exit(f"error: template {args.template} not found; pass --template report_templates/grpo_equivalence.md.j2 "
                  f"from a checkout of this project")
-    _run(lambda: _write(report.from_stats_dir(Path(args.stats_dir), args.reference, args.skip, args.template),
-                        args.output, args.force))
+    _run(lambda: _write(report.from_stats_dir(Path(args.stats_dir), args.reference, args.skip, args.template,
+                                              alpha=args.alpha, margin=args.margin), args.output, args.force))

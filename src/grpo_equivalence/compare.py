@@ -1,49 +1,60 @@
-"""A candidate run against the reference run, step by step."""
+"""A candidate backend against the reference at one step count: their runs with the study's seed step by
+step, the reference's seed-to-seed noise floor, and a verdict per metric (grpo_equivalence.verdict)."""
 
-import math
+import statistics
 
+from . import verdict
+from .runs import label, series
 from .stats import StatsError
+from .verdict import METRICS, NOT_LOGGED
 
-COMPARED = ("loss", "reward", "kl", "grad_norm")  # the metrics the report judges, in its column order
-NOT_LOGGED = "not logged"
-
-
-def _series(stats: dict, metric: str, label: str) -> list[float] | None:
-    """The metric at every step, None if never logged; a metric logged at some steps only is an error."""
-    values = [step.get(metric) for step in stats["steps"]]
-    if all(v is None for v in values):
-        return None
-    for step, value in zip(stats["steps"], values, strict=True):
-        if value is None:
-            raise StatsError(f"{label}: {metric} is logged at some steps but missing at step {step['step']}")
-        if not math.isfinite(value):
-            raise StatsError(f"{label}: {metric} is {value} at step {step['step']}; the run diverged, so it cannot be "
-                             f"compared (rerun it, or lower the learning rate)")
-    return values
+COMPARED = tuple(METRICS)  # the metrics the report judges, in its column order
 
 
-def _label(stats: dict) -> str:
-    return f"{stats['backend']} x {stats['max_steps']}"
+def _one_run(runs: list[dict], role: str) -> None:
+    if not runs:
+        raise StatsError(f"no {role} run to compare")
+    identities = {(r["backend"], r["max_steps"]) for r in runs}
+    if len(identities) > 1:
+        raise StatsError(f"the {role} runs are of several backends or step counts: {sorted(identities)}; give the runs "
+                         f"of one backend and step count")
+    seeds = [r["seed"] for r in runs]
+    if len(set(seeds)) != len(seeds):
+        raise StatsError(f"the {role} runs repeat a seed ({seeds}): each run must have its own")
 
 
-def compare(reference: dict, candidate: dict) -> dict:
-    """Per metric, max and mean |candidate - reference| over aligned steps, or NOT_LOGGED (never 0)."""
-    ref_label, cand_label = _label(reference), _label(candidate)
-    ref_steps = [s["step"] for s in reference["steps"]]
-    cand_steps = [s["step"] for s in candidate["steps"]]
-    if ref_steps != cand_steps:
-        raise StatsError(f"{cand_label} has {len(cand_steps)} steps, {ref_label} has {len(ref_steps)}: runs of "
-                         f"different length cannot be compared step by step; rerun the shorter one")
+def step_differences(reference: dict, candidate: dict, metric: str) -> dict:
+    """max and mean |candidate - reference| over the aligned steps of two runs, or NOT_LOGGED (never 0)."""
+    ref, cand = series(reference, metric), series(candidate, metric)
+    if ref is None or cand is None:
+        return {"status": NOT_LOGGED,
+                "not_logged_in": [label(r) for r, s in ((reference, ref), (candidate, cand)) if s is None]}
+    diffs = [abs(c - r) for c, r in zip(cand, ref, strict=True)]
+    return {"status": "compared", "max_abs_diff": max(diffs), "mean_abs_diff": statistics.fmean(diffs),
+            "at_step": reference["steps"][diffs.index(max(diffs))]["step"]}
+
+
+def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: float = verdict.ALPHA,
+            margin: float = verdict.MARGIN) -> dict:
+    """The runs of each backend at one step count, the first of each with the study's seed."""
+    _one_run(reference_runs, "reference")
+    _one_run(candidate_runs, "candidate")
+    reference, candidate = reference_runs[0], candidate_runs[0]
+    lengths = {label(r): len(r["steps"]) for r in [*reference_runs, *candidate_runs]}
+    if len(set(lengths.values())) > 1:
+        raise StatsError(f"runs of different length cannot be compared step by step ({lengths}); rerun the shorter")
+    logged = [m for m in COMPARED if all(series(r, m) is not None for r in [*reference_runs, *candidate_runs])]
     metrics = {}
     for metric in COMPARED:
-        ref = _series(reference, metric, ref_label)
-        cand = _series(candidate, metric, cand_label)
-        if ref is None or cand is None:
-            missing = [label for label, series in ((ref_label, ref), (cand_label, cand)) if series is None]
-            metrics[metric] = {"status": NOT_LOGGED, "not_logged_in": missing}
-            continue
-        diffs = [abs(c - r) for c, r in zip(cand, ref, strict=True)]
-        metrics[metric] = {"status": "compared", "max_abs_diff": max(diffs), "mean_abs_diff": sum(diffs) / len(diffs),
-                           "at_step": ref_steps[diffs.index(max(diffs))]}
+        floor = verdict.noise_floor(reference_runs, metric)
+        metrics[metric] = {
+            **step_differences(reference, candidate, metric),
+            # mean over steps of the mean distance between two reference seeds at a step (None: < 2 seeds)
+            "seed_floor": statistics.fmean(floor["pairwise_abs_diff"]) if floor else None,
+            "verdict": verdict.judge_runs(reference_runs, candidate_runs, metric, alpha=alpha, margin=margin,
+                                          tests=max(1, len(logged))),
+        }
     return {"reference": reference["backend"], "candidate": candidate["backend"], "max_steps": reference["max_steps"],
-            "steps_compared": len(ref_steps), "metrics": metrics}
+            "steps_compared": len(reference["steps"]), "reference_seeds": [r["seed"] for r in reference_runs],
+            "candidate_seeds": [r["seed"] for r in candidate_runs], "alpha": alpha, "margin": margin,
+            "metrics_judged": logged, "metrics": metrics}

@@ -1,9 +1,15 @@
 """Every output path of the workflow, defined once (the Snakefile's rules and the CLIs import these)."""
 
-STATS = "results/stats/grpo_{backend}_{steps}.json"
+STATS = "results/stats/grpo_{backend}_{steps}.json"  # the run with the study's seed
+# A run reseeded to measure the noise floor (seed+1, seed+2, ...), beside the others
+REPLICATE_STATS = "results/stats/grpo_{backend}_{steps}_seed{seed}.json"
+# Either of the two, as the train rule's output: {replicate} is "" or "_seed<seed>"
+RUN_STATS = "results/stats/grpo_{backend}_{steps}{replicate}.json"
 SUMMARY = "results/stats/grpo_{backend}_{steps}.summary.json"
 COMPARISON = "results/compare/{candidate}_vs_{reference}_{steps}.json"
 REPORT = "results/grpo_equivalence.md"
+CURVES_FIGURE = "results/figures/curves_{steps}.png"  # per-step curves of every backend, one step count
+SPEED_FIGURE = "results/figures/speed_memory.png"  # median step and peak memory of every run
 TINY_MODEL = "results/tiny/model"
 TINY_DATA = "results/tiny/data/train.jsonl"
 PRIMED_MODEL = "results/tiny/primed"

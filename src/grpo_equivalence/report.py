@@ -1,17 +1,35 @@
-"""The equivalence report: speed and memory per step count, differences against the reference, settings."""
+"""The equivalence report: per step count the verdicts with their evidence, speed and memory, the settings
+and warnings that differ between backends; then the study's settings."""
 
 import json
+import re
 from pathlib import Path
 
+from . import runs as run_files
 from . import stats as stats_io
+from . import verdict
 from .compare import COMPARED, NOT_LOGGED, compare
 from .summary import DEFAULT_SKIP, summarise
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "report_templates" / "grpo_equivalence.md.j2"
+# A warning that names a sampling setting: the backend may not sample as the study asked, so its
+# differences may come from that setting rather than from its rollout engine.
+SAMPLING_WARNING = re.compile(r"min_?p|top_?k|top_?p|temperature|repetition_?penalty|do_?sample", re.IGNORECASE)
 
 
-def speed_tables(summaries: list[dict], comparisons: list[dict], reference: str) -> list[dict]:
-    """One table per step count: the runs' summaries with % of the reference's speed, and its comparisons."""
+def confounds(runs: list[dict]) -> list[dict]:
+    """Warnings of these runs that name a sampling setting, once each."""
+    found = {}
+    for run in runs:
+        for warning in run.get("warnings") or []:
+            if SAMPLING_WARNING.search(warning["message"]):
+                found.setdefault(warning["message"], warning)
+    return list(found.values())
+
+
+def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, reference: str) -> list[dict]:
+    """Per step count: the runs' summaries with % of the reference's speed, the comparisons with their
+    verdicts, the confounds of each candidate, and the settings that differ between the backends."""
     tables = []
     for steps in sorted({s["max_steps"] for s in summaries}):
         rows = sorted((s for s in summaries if s["max_steps"] == steps), key=lambda s: (s["backend"] != reference, s["backend"]))
@@ -20,8 +38,31 @@ def speed_tables(summaries: list[dict], comparisons: list[dict], reference: str)
             raise stats_io.StatsError(f"no {reference} run with {steps} steps: the reference must have run every step count")
         table_rows = [dict(row, pct_of_reference=100.0 * ref["median_step_s"] / row["median_step_s"]) for row in rows]
         pairs = sorted((c for c in comparisons if c["max_steps"] == steps), key=lambda c: c["candidate"])
-        tables.append({"steps": steps, "rows": table_rows, "pairs": pairs})
+        runs = {backend: group for (backend, n), group in groups.items() if n == steps}
+        reference_confounds = confounds(runs.get(reference, []))
+        for pair in pairs:
+            pair["confounds"] = confounds(runs.get(pair["candidate"], [])) + reference_confounds
+        primaries = [group[0] for group in runs.values()]
+        tables.append({"steps": steps, "rows": table_rows, "pairs": pairs, "differing": differing_settings(primaries),
+                       "backends": sorted(runs), "mismatch": any(row.get("sampler_mismatch") for row in rows),
+                       "seeds": {backend: [r["seed"] for r in group] for backend, group in sorted(runs.items())}})
     return tables
+
+
+def warnings_by_backend(runs: list[dict]) -> dict[str, list[dict]]:
+    """Every warning of each backend's runs: source, message, times raised in all, and in how many runs."""
+    by_backend: dict[str, dict] = {}
+    for run in runs:
+        seen = by_backend.setdefault(run["backend"], {})
+        if "warnings" not in run:  # a file of another tool, or of a version that did not record them
+            continue
+        seen.setdefault("recorded", True)
+        for warning in run["warnings"]:
+            entry = seen.setdefault((warning["source"], warning["message"]), dict(warning, count=0, runs=0))
+            entry["count"] += warning["count"]
+            entry["runs"] += 1
+    return {backend: [w for key, w in found.items() if key != "recorded"] if found.get("recorded") else None
+            for backend, found in sorted(by_backend.items())}
 
 
 # Trainer settings shown in the report's study settings (all are in the statistics files).
@@ -38,7 +79,7 @@ STUDY_SETTINGS = (
 
 
 # Settings that legitimately differ between runs of one study: not backend differences.
-PER_RUN_SETTINGS = ("trainer.max_steps",)
+PER_RUN_SETTINGS = ("trainer.max_steps", "trainer.seed", "trainer.data_seed")
 
 
 NOT_RECORDED = "not recorded"  # an optional field the file does not hold (a metric not logged is NOT_LOGGED)
@@ -56,26 +97,33 @@ def _settings(effective_config: dict) -> dict:
 
 
 def differing_settings(runs: list[dict]) -> list[dict]:
-    """Every effective setting whose value is not the same for all backends, with each backend's value.
+    """Every effective setting whose value is not the same for all the runs given (one per backend, of one
+    step count: the runs that are compared), with each backend's value.
 
     Backends are meant to differ only in the settings that select their rollout path (each run records
-    them as `rollout_settings`); those rows are marked as expected. Any other row (a batch size, a loss
-    type, gradient checkpointing that a library changed by itself) means the runs did not train under
-    the same settings, and the report says so.
+    them as `rollout_settings`); those rows are marked as expected, as are transformers' generation
+    settings that a backend not generating with transformers (vLLM) does not have. Any other row (a batch
+    size, a loss type, gradient checkpointing that a library changed by itself) means the runs did not train
+    under the same settings, and the report says so.
     """
+    backends = [run["backend"] for run in runs]
+    if len(set(backends)) != len(backends):
+        raise ValueError(f"one run per backend, got {sorted(backends)}")
     by_backend: dict[str, dict] = {}
     rollout = set()
-    for run in sorted(runs, key=lambda r: r["max_steps"]):
+    for run in runs:
         config = dict(run["effective_config"])
         rollout.update(f"trainer.{key}" for key in config.pop("rollout_settings", []))
-        flat = {k: v for k, v in _settings(config).items() if k not in PER_RUN_SETTINGS}
-        by_backend.setdefault(run["backend"], {}).update(flat)
+        by_backend[run["backend"]] = {k: v for k, v in _settings(config).items() if k not in PER_RUN_SETTINGS}
     keys = sorted(set().union(*(flat.keys() for flat in by_backend.values())))
     rows = []
     for key in keys:
         values = {backend: flat.get(key, NOT_RECORDED) for backend, flat in sorted(by_backend.items())}
-        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
-            rows.append({"setting": key, "values": values, "rollout": key in rollout})
+        distinct = {json.dumps(v, sort_keys=True, default=str) for v in values.values()}
+        if len(distinct) > 1:
+            present = {json.dumps(v, sort_keys=True, default=str) for v in values.values() if v not in (None, NOT_RECORDED)}
+            expected = key in rollout or (key.startswith("generation") and len(present) <= 1)
+            rows.append({"setting": key, "values": values, "rollout": expected})
     return sorted(rows, key=lambda row: (row["rollout"], row["setting"]))
 
 
@@ -110,6 +158,11 @@ def _cell(value) -> str:
     return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
+def _sig(value, digits: int = 4) -> str:
+    """A number with `digits` significant digits (differences of metrics that live on any scale)."""
+    return NOT_LOGGED if value is None else f"{value:.{digits}g}"
+
+
 def _num(value, digits: int = 3) -> str:
     if value is None:
         return NOT_LOGGED
@@ -118,50 +171,40 @@ def _num(value, digits: int = 3) -> str:
     return str(value)
 
 
-def render(*, summaries: list[dict], comparisons: list[dict], reference: str, runs: list[dict],
-           stats_files: list[str], template: Path = TEMPLATE) -> str:
+def render(*, summaries: list[dict], comparisons: list[dict], reference: str, runs: dict, figures: dict | None = None,
+           template: Path = TEMPLATE) -> str:
+    """`runs`: {path: stats} of every run (all seeds); `figures`: {"curves": {steps: path}, "speed": path}, paths
+    relative to the report's folder, or None where no figure was made."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(template).parent)), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["num"] = _num
+    env.filters["sig"] = _sig
     env.filters["cell"] = _cell
+    groups = run_files.group_runs(runs)
+    primaries = [group[0] for group in groups.values()]
     return env.get_template(Path(template).name).render(
-        reference=reference, tables=speed_tables(summaries, comparisons, reference), metrics=COMPARED,
-        not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, settings=study_settings(reference_run(runs, reference)),
-        differing=differing_settings(runs), backends=sorted({r["backend"] for r in runs}), stats_files=sorted(stats_files))
+        reference=reference, tables=step_tables(summaries, comparisons, groups, reference), metrics=COMPARED,
+        verdicts=verdict, not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, figures=figures or {},
+        settings=study_settings(reference_run(primaries, reference)), warnings=warnings_by_backend(list(runs.values())),
+        backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)))
 
 
-def load_runs(paths) -> dict:
-    """{path: stats} of statistics files given for one report: each valid, whole, named after what it holds,
-    and no run given twice. Raises StatsError with one line per problem, naming the files."""
-    runs, problems = {}, []
-    for path in paths:
-        try:
-            run = stats_io.load(path)
-            stats_io.check_complete(run, path)
-            runs[path] = run
-        except stats_io.StatsError as error:
-            problems.append(str(error))
-    problems += stats_io.identity_problems(runs)
-    if problems:
-        raise stats_io.StatsError("\n".join(problems))
-    return runs
-
-
-def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE) -> str:
-    """The report of every statistics file in `stats_dir` (grpo_<backend>_<steps>.json), as grpo-report makes it."""
+def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE, *,
+                   alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN) -> str:
+    """The report of every statistics file in `stats_dir` (grpo_<backend>_<steps>[_seed<seed>].json), as grpo-report
+    makes it: each backend's runs of one step count are its seeds, the reference's measure the noise floor."""
     stats_dir = Path(stats_dir)
     if not stats_dir.is_dir():
         raise FileNotFoundError(f"{stats_dir} is not a folder; pass the folder holding the grpo_<backend>_<steps>.json files")
     paths = [p for p in sorted(stats_dir.glob("grpo_*.json")) if not p.name.endswith(".summary.json")]
     if not paths:
         raise FileNotFoundError(f"no statistics files (grpo_<backend>_<steps>.json) in {stats_dir}")
-    runs = load_runs(paths)
-    reference_run(list(runs.values()), reference)  # fails early, naming the backends found
-    refs = {s["max_steps"]: s for s in runs.values() if s["backend"] == reference}
-    summaries = [summarise(s, skip) for s in runs.values()]
-    comparisons = [compare(refs[s["max_steps"]], s) for s in runs.values()
-                   if s["backend"] != reference and s["max_steps"] in refs]
-    return render(summaries=summaries, comparisons=comparisons, reference=reference, runs=list(runs.values()),
-                  stats_files=[str(p) for p in runs], template=template)
+    runs = run_files.load_runs(paths)
+    groups = run_files.group_runs(runs)
+    reference_run([group[0] for group in groups.values()], reference)  # fails early, naming the backends found
+    summaries = [summarise(group[0], skip) for group in groups.values()]
+    comparisons = [compare(groups[(reference, steps)], group, alpha=alpha, margin=margin)
+                   for (backend, steps), group in groups.items() if backend != reference and (reference, steps) in groups]
+    return render(summaries=summaries, comparisons=comparisons, reference=reference, runs=runs, template=template)

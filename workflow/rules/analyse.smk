@@ -1,4 +1,5 @@
-# Derived from the statistics files only: a summary per run, a comparison per candidate and step count.
+# Derived from the statistics files only: a summary per run with the study's seed, and per candidate and
+# step count a comparison with the reference: its runs of every seed against the reference's.
 
 
 rule summarise:
@@ -21,16 +22,15 @@ rule summarise:
 
 rule compare:
     input:
-        reference=paths.STATS.format(backend="{reference}", steps="{steps}"),
-        candidate=paths.STATS.format(backend="{candidate}", steps="{steps}"),
+        unpack(get_compare_inputs),
     output:
         paths.COMPARISON,
     params:
-        settings=job_args(),
+        settings=job_args(**config["verdict"]),
         script=entry_point("compare"),
         code=script_code("compare"),
         io=lambda wildcards, input, output: io_args(
-            reference=input.reference, candidate=input.candidate, out=output[0]
+            reference=list(input.reference), candidate=list(input.candidate), out=output[0]
         ),
     conda:
         conda_env("cpu")

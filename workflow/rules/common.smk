@@ -56,6 +56,7 @@ BACKENDS = config["backends"]
 REFERENCE = config["reference"]
 STEPS = config["steps"]
 CANDIDATES = [b for b in BACKENDS if b != REFERENCE]
+SEED = config["grpo"]["seed"]
 
 
 # Jobs run `python {SCRIPTS}/STAGE.py SETTINGS IO` (see grpo_equivalence.jobs for why not `script:`).
@@ -128,17 +129,36 @@ def train_code(wildcards):
     return script_code("train", f"grpo_equivalence.backends.{wildcards.backend}")
 
 
+def seed_of(wildcards):
+    """The seed of a train job: the study's, or the one its replicate's file name carries."""
+    return int(wildcards.replicate.removeprefix("_seed")) if wildcards.replicate else SEED
+
+
 def get_train_settings(wildcards):
     """Everything of the config that a train job's numbers depend on: a change reruns the job."""
     keys = ("model", "dataset", "system_prompt", "dtype", "max_seq_length", "lora", "grpo", "gpus_per_train_job")
     settings = {key: config.get(key) for key in keys}
+    settings["grpo"] = {**config["grpo"], "seed": seed_of(wildcards)}
     # Only this backend's options: another backend's do not rerun this job.
     settings["backend_options"] = {wildcards.backend: config.get("backend_options", {}).get(wildcards.backend, {})}
     return settings
 
 
+def runs_of(backend, steps):
+    """The statistics files of one backend and step count: the study's seed, then its replicates."""
+    count = config["replicates"]["reference" if backend == REFERENCE else "others"]
+    return [paths.STATS.format(backend=backend, steps=steps)] + [
+        paths.REPLICATE_STATS.format(backend=backend, steps=steps, seed=SEED + i) for i in range(1, count)
+    ]
+
+
+def get_compare_inputs(wildcards):
+    return {"reference": runs_of(wildcards.reference, wildcards.steps),
+            "candidate": runs_of(wildcards.candidate, wildcards.steps)}
+
+
 def all_stats():
-    return expand(paths.STATS, backend=BACKENDS, steps=STEPS)
+    return [path for backend in BACKENDS for steps in STEPS for path in runs_of(backend, steps)]
 
 
 def all_summaries():

@@ -1,6 +1,42 @@
-# The report, rendered from the summaries and comparisons with report_templates/grpo_equivalence.md.j2.
-# The template is not an input but hashed into `code`: an input is compared by
-# modification time, and a fresh clone's timestamps would rerender an unchanged report.
+# The figures and the report, rendered with report_templates/grpo_equivalence.md.j2. The template is not an
+# input but hashed into `code`: an input is compared by modification time, and a fresh clone's timestamps
+# would rerender an unchanged report. Outputs marked report() make up `snakemake --report report.html`.
+
+
+rule plot_curves:
+    input:
+        lambda wildcards: [p for backend in BACKENDS for p in runs_of(backend, wildcards.steps)],
+    output:
+        report(paths.CURVES_FIGURE, caption="../report/curves.rst", category="Figures", labels={"steps": "{steps}"}),
+    params:
+        settings=job_args(reference=REFERENCE),
+        script=entry_point("plot_curves"),
+        code=script_code("plot_curves"),
+        io=lambda wildcards, input, output: io_args(stats=list(input), out=output[0]),
+    conda:
+        conda_env("cpu")
+    log:
+        log_for("plot_curves_{steps}"),
+    shell:
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+
+
+rule plot_speed:
+    input:
+        all_summaries(),
+    output:
+        report(paths.SPEED_FIGURE, caption="../report/speed.rst", category="Figures", labels={"figure": "speed and memory"}),
+    params:
+        settings=job_args(reference=REFERENCE),
+        script=entry_point("plot_speed"),
+        code=script_code("plot_speed"),
+        io=lambda wildcards, input, output: io_args(summaries=list(input), out=output[0]),
+    conda:
+        conda_env("cpu")
+    log:
+        log_for("plot_speed"),
+    shell:
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
 
 
 rule render_report:
@@ -8,8 +44,10 @@ rule render_report:
         summaries=all_summaries(),
         comparisons=all_comparisons(),
         stats=all_stats(),
+        curves=expand(paths.CURVES_FIGURE, steps=STEPS),
+        speed=paths.SPEED_FIGURE,
     output:
-        report(paths.REPORT, category="Equivalence"),
+        report(paths.REPORT, caption="../report/equivalence.rst", category="Equivalence"),
     params:
         settings=job_args(reference=REFERENCE),
         script=entry_point("render_report"),
@@ -18,6 +56,8 @@ rule render_report:
             summaries=list(input.summaries),
             comparisons=list(input.comparisons),
             stats=list(input.stats),
+            curves=dict(zip(STEPS, input.curves)),
+            speed=input.speed,
             out=output[0],
         ),
     conda:

@@ -1,13 +1,14 @@
-# GRPO training, one job per backend x step count. The `gpu` resource lets Snakemake run as many train
-# jobs at once as --resources gpu=N allows (0 in the CPU tiny study, so they only share cores); each
-# job then leases its own GPU(s) (grpo_equivalence.gpus), since Snakemake only counts them.
+# GRPO training, one job per backend x step count x seed (the study's, then each replicate's). The `gpu`
+# resource lets Snakemake run as many train jobs at once as --resources gpu=N allows (0 in the CPU tiny
+# study, so they only share cores); each job then leases its own GPU(s) (grpo_equivalence.gpus), since
+# Snakemake only counts them.
 
 
 rule train:
     input:
         unpack(get_train_inputs),
     output:
-        paths.STATS,
+        paths.RUN_STATS,
     params:
         settings=lambda wildcards: job_args(
             config=get_train_settings(wildcards),
@@ -30,7 +31,7 @@ rule train:
     conda:
         train_env()
     log:
-        log_for("train/{backend}_{steps}"),
+        log_for("train/{backend}_{steps}{replicate}"),
     shell:
         "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
 

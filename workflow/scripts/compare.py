@@ -1,4 +1,5 @@
-"""Rule compare: a candidate run against the reference run of the same step count, step by step."""
+"""Rule compare: a candidate's runs against the reference's at one step count: step by step, against the
+reference's seed-to-seed noise floor, with a verdict per metric."""
 
 from pathlib import Path
 
@@ -6,4 +7,5 @@ from grpo_equivalence import jobs, stats
 from grpo_equivalence.compare import compare
 
 a = jobs.arguments()
-Path(a["out"]).write_text(stats.to_json(compare(stats.load(a["reference"]), stats.load(a["candidate"]))))
+reference, candidate = ([stats.load(p) for p in a[role]] for role in ("reference", "candidate"))
+Path(a["out"]).write_text(stats.to_json(compare(reference, candidate, alpha=a["alpha"], margin=a["margin"])))

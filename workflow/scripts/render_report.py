@@ -1,13 +1,16 @@
-"""Rule render_report: the equivalence report from the summaries, comparisons and statistics files."""
+"""Rule render_report: the equivalence report from the summaries, comparisons, statistics files and figures."""
 
 import json
+import os
 from pathlib import Path
 
-from grpo_equivalence import jobs, report
+from grpo_equivalence import jobs, report, runs
 
 a = jobs.arguments()
-runs = report.load_runs(a["stats"])
+out = Path(a["out"])
+figures = {"curves": {int(steps): os.path.relpath(path, out.parent) for steps, path in a["curves"].items()},
+           "speed": os.path.relpath(a["speed"], out.parent)}
 text = report.render(summaries=[json.loads(Path(p).read_text()) for p in a["summaries"]],
                      comparisons=[json.loads(Path(p).read_text()) for p in a["comparisons"]],
-                     reference=a["reference"], runs=list(runs.values()), stats_files=a["stats"])
-Path(a["out"]).write_text(text)
+                     reference=a["reference"], runs=runs.load_runs(a["stats"]), figures=figures)
+out.write_text(text)
