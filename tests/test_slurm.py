@@ -20,6 +20,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.workflow
 STEPS = (4, 5)
+REPLICATES = {"reference": 2, "others": 1}  # hf: 2 seeds, cb_paged: 1; 3 train jobs per step count
 
 
 def slurm_up() -> bool:
@@ -52,7 +53,7 @@ def run_through_slurm(workdir: Path, *extra) -> subprocess.CompletedProcess:
 def cluster_study(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("slurm")
     config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config.update(steps=list(STEPS), gpus_per_train_job=1)
+    config.update(steps=list(STEPS), gpus_per_train_job=1, replicates=REPLICATES)
     (workdir / "study.yaml").write_text(yaml.safe_dump(config))
     result = run_through_slurm(workdir)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]
@@ -69,7 +70,7 @@ def test_train_jobs_went_through_sbatch_with_the_configs_gpu_request(cluster_stu
             assert lease["source"] == "slurm"  # SLURM assigned the device; the lease stepped aside
     # One sbatch job per train job (its log is named by SLURM's job id), each asking for the config's GPU.
     logs = list((workdir / ".snakemake" / "slurm_logs" / "rule_train").rglob("*.log"))
-    assert len(logs) == 2 * len(STEPS)
+    assert len(logs) == 3 * len(STEPS)
     for log in logs:
         job = subprocess.run(["scontrol", "show", "job", log.stem], capture_output=True, text=True, check=True).stdout
         assert "Comment=rule_train_wildcards_" in job
@@ -97,7 +98,7 @@ def test_report_has_the_same_tables_as_a_local_run(cluster_study):
     local = from_stats_dir(workdir / "results" / "stats", "hf")  # the same runs, reported on this machine
     assert table_structure(report) == table_structure(local)
     assert [h for h, _ in table_structure(report) if h.startswith("## ")] == [f"## {s} steps" for s in STEPS] + [
-        "## Settings that differ between backends", "## Study settings", "## Raw statistics"]
+        "## Warnings the runs raised", "## Study settings", "## Raw statistics"]
     for steps in STEPS:
         assert f"results/stats/grpo_cb_paged_{steps}.json" in report
 
