@@ -117,3 +117,17 @@ def test_settings_are_audited_per_step_count(tmp_path):
     eight = text.split("### Settings that differ between backends (8 steps)")[1].split("## Warnings")[0]
     assert "| trainer.learning_rate | 1e-05 | 5e-06 |" in five and "Only rollout settings differ" not in five
     assert "learning_rate" not in eight and "Only rollout settings differ" in eight
+
+
+def test_sampler_mismatch_is_shown_where_logged_and_not_logged_elsewhere(tmp_path):
+    for backend in ("vllm", "hf"):
+        run = make_stats(backend, 5)
+        if backend == "vllm":
+            for i, step in enumerate(run["steps"]):
+                step["metrics"].update({"sampling/sampling_logp_difference/mean": 0.01 * (i + 1),
+                                        "sampling/importance_sampling_ratio/max": 1.5})
+        stats.write(tmp_path / f"grpo_{backend}_5.json", run)
+    (table,) = tables_headed(from_stats_dir(tmp_path, "vllm"), "Backend", "logp difference mean")
+    rows = {row["Backend"]: row for row in table}
+    assert rows["vllm"]["logp difference mean"] == "0.0300" and rows["vllm"]["IS ratio max"] == "1.5000"
+    assert rows["hf"]["logp difference mean"] == "not logged" and rows["vllm"]["IS ratio min"] == "not logged"

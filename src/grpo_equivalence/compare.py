@@ -11,7 +11,7 @@ from .verdict import METRICS, NOT_LOGGED
 COMPARED = tuple(METRICS)  # the metrics the report judges, in its column order
 
 
-def _one_run(runs: list[dict], role: str) -> None:
+def _one_backend(runs: list[dict], role: str) -> None:
     if not runs:
         raise StatsError(f"no {role} run to compare")
     identities = {(r["backend"], r["max_steps"]) for r in runs}
@@ -37,8 +37,8 @@ def step_differences(reference: dict, candidate: dict, metric: str) -> dict:
 def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: float = verdict.ALPHA,
             margin: float = verdict.MARGIN) -> dict:
     """The runs of each backend at one step count, the first of each with the study's seed."""
-    _one_run(reference_runs, "reference")
-    _one_run(candidate_runs, "candidate")
+    _one_backend(reference_runs, "reference")
+    _one_backend(candidate_runs, "candidate")
     reference, candidate = reference_runs[0], candidate_runs[0]
     lengths = {label(r): len(r["steps"]) for r in [*reference_runs, *candidate_runs]}
     if len(set(lengths.values())) > 1:
