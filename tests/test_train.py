@@ -82,3 +82,24 @@ def test_gpu_job_without_a_gpu_fails_clearly(tiny_config, tmp_path):
     tiny_config["gpus_per_train_job"] = 1
     with pytest.raises(RuntimeError, match="asked for 1 GPU.*no CUDA device is visible"):
         train.run(tiny_config, "hf", 4, model_path=str(tmp_path), dataset={}, out=tmp_path / "s.json")
+
+
+@pytest.mark.parametrize("backend, block", [("hf", "GRPOTrainer.transformers.generate"),
+                                            ("cb_paged", "GRPOTrainer.transformers.generate_batch")])
+def test_where_each_steps_time_goes_is_recorded(runs, backend, block):
+    """TRL times its blocks for W&B only; the run keeps them per step, and the summary splits the step."""
+    from grpo_equivalence.summary import summarise
+
+    run = runs[backend]
+    for step in run["steps"]:
+        assert 0 < step["profile"][block] < step["wall_s"]
+    summary = summarise(run, skip=1)
+    timed = [s for s in run["steps"] if s["step"] > 1]
+    assert summary["median_rollout_s"] > 0 and summary["median_weight_sync_s"] == 0
+    import statistics
+
+    assert summary["median_training_s"] == pytest.approx(statistics.median(s["wall_s"] - s["profile"][block] for s in timed))
+    assert summary["median_rollout_s"] == pytest.approx(statistics.median(s["profile"][block] for s in timed))
+    tokens = [s["metrics"]["completions/mean_length"] * 8 / s["profile"][block] for s in timed]  # batch of 8
+    assert summary["rollout_tokens_per_s"] == pytest.approx(statistics.median(tokens))
+    assert summary["decode_ms_per_step"] > 0

@@ -4,6 +4,7 @@ Summaries, comparisons and reports are derived from these files only, so a file 
 this shape can be summarised, compared and reported as well.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -26,6 +27,12 @@ class StatsError(ValueError):
     pass
 
 
+# Per step (optional in the contract): seconds spent in each block that TRL times with its profiling
+# contexts (generation, weight sync, rewards, loss), summed over the step; names as TRL gives them,
+# "<trainer class>.<block>".
+PROFILE = "profile"
+
+
 def make_recorder(memory_probe, synchronize=lambda: None):
     """A TrainerCallback that builds one record per optimizer step.
 
@@ -41,11 +48,17 @@ def make_recorder(memory_probe, synchronize=lambda: None):
             self.records: dict[int, dict] = {}
             self.run_summary: dict = {}
             self._start = None
+            self._step = 0
 
         def on_step_begin(self, args, state, control, **kwargs):
             synchronize()
             memory_probe.reset()
+            self._step = state.global_step + 1
             self._start = time.perf_counter()
+
+        def add_profile(self, name: str, seconds: float) -> None:
+            profile = self.records.setdefault(self._step, {"step": self._step}).setdefault(PROFILE, {})
+            profile[name] = profile.get(name, 0.0) + seconds
 
         def on_step_end(self, args, state, control, **kwargs):
             synchronize()
@@ -63,6 +76,25 @@ def make_recorder(memory_probe, synchronize=lambda: None):
             record.setdefault("metrics", {}).update(logs)
 
     return StepRecorder()
+
+
+@contextlib.contextmanager
+def trl_profiling(recorder):
+    """Within the block, the durations TRL measures with its profiling contexts reach `recorder` (TRL itself
+    reports them only to W&B, MLflow or Trackio): where a step's time goes, generation or training."""
+    from trl.extras import profiling
+
+    original = profiling.ProfilingContext._log_metrics
+
+    def log_metrics(context, duration):
+        recorder.add_profile(context.name, duration)
+        return original(context, duration)
+
+    profiling.ProfilingContext._log_metrics = log_metrics
+    try:
+        yield
+    finally:
+        profiling.ProfilingContext._log_metrics = original
 
 
 def step_records(records: dict[int, dict]) -> list[dict]:
@@ -213,6 +245,9 @@ def check(stats, path) -> None:
             raise StatsError(f"{where}: peak_mem_gb is {_describe(peak)}, not a number of GB (or null)")
         if "metrics" in step and not isinstance(step["metrics"], dict):
             raise StatsError(f"{where}: metrics is {_describe(step['metrics'])}, not an object")
+        profile = step.get(PROFILE, {})
+        if not isinstance(profile, dict) or not all(_is_number(v) and v >= 0 for v in profile.values()):
+            raise StatsError(f"{where}: {PROFILE} is not an object of seconds per timed block")
 
 
 def check_complete(stats: dict, path) -> None:

@@ -1,8 +1,10 @@
-"""One run in three figures: train wall time, median step time after warm-up, peak memory."""
+"""One run in a few figures: train wall time, median step after warm-up and where its time goes, start-up,
+memory, GRPO's signal and the sampler/trainer mismatch."""
 
 import math
 import statistics
 
+from . import stats as stats_io
 from .stats import StatsError
 
 DEFAULT_SKIP = 3  # steps 1..3 compile kernels, capture graphs and grow allocators
@@ -37,7 +39,43 @@ def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
         # How far the sampler's log-probabilities are from the trainer's (TRL logs it for vLLM rollouts with
         # importance-sampling correction on): mean over the steps that logged it; absent: not logged
         "sampler_mismatch": _means(stats["steps"], MISMATCH_PREFIXES),
+        # Where a step's time goes (medians over the timed steps; null where TRL's timings were not recorded)
+        **_time_split(stats, [s for s in stats["steps"] if s["step"] > skip]),
     }
+
+
+# TRL's profiling blocks (stats.PROFILE) that generate completions, and the one that loads the trained
+# weights into a vLLM engine before generating.
+ROLLOUT_BLOCKS = (".vLLM.generate", ".transformers.generate", ".transformers.generate_batch")
+WEIGHT_SYNC_BLOCKS = (".sync_weights",)
+
+
+def _time_split(stats: dict, steps: list[dict]) -> dict:
+    """Median rollout, weight-sync and remaining (training: log-probs, loss, backward, optimizer) seconds of a
+    step, rollout tokens per second, and milliseconds per decode step (rollout time over the longest
+    completion's length: batched decoding takes one step per token of the longest)."""
+    keys = ("median_rollout_s", "median_weight_sync_s", "median_training_s", "rollout_tokens_per_s",
+            "decode_ms_per_step")
+    if not steps or any(stats_io.PROFILE not in s for s in steps):
+        return dict.fromkeys(keys)
+    trainer = _trainer(stats)
+    completions = (trainer.get("per_device_train_batch_size") or 0) * (trainer.get("gradient_accumulation_steps") or 1)
+    rollout, sync, training, tokens_per_s, decode_ms = [], [], [], [], []
+    for step in steps:
+        blocks = step[stats_io.PROFILE]
+        r = sum(v for name, v in blocks.items() if name.endswith(ROLLOUT_BLOCKS))
+        w = sum(v for name, v in blocks.items() if name.endswith(WEIGHT_SYNC_BLOCKS))
+        rollout.append(r)
+        sync.append(w)
+        training.append(step["wall_s"] - r - w)
+        metrics = step.get("metrics") or {}
+        if r > 0 and completions and metrics.get("completions/mean_length") is not None:
+            tokens_per_s.append(metrics["completions/mean_length"] * completions / r)
+        if r > 0 and metrics.get("completions/max_length"):
+            decode_ms.append(1000 * r / metrics["completions/max_length"])
+    median = lambda values: statistics.median(values) if values else None  # noqa: E731
+    return dict(zip(keys, (median(rollout) if any(rollout) else None, median(sync), median(training),
+                           median(tokens_per_s), median(decode_ms)), strict=True))
 
 
 # TRL's keys of the sampler/trainer mismatch: sampling/sampling_logp_difference/{mean,max} and

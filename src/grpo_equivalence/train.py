@@ -112,7 +112,8 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         started_at = time.time()
         start = time.perf_counter()
         startup_s = start - startup_began
-        trainer.train()
+        with stats.trl_profiling(recorder):
+            trainer.train()
         train_wall = time.perf_counter() - start
         finished_at = time.time()
 
