@@ -21,6 +21,7 @@ wildcard_constraints:
 
 
 include: "workflow/rules/tiny.smk"
+include: "workflow/rules/random.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/analyse.smk"
 include: "workflow/rules/report.smk"

@@ -10,6 +10,9 @@ import yaml
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 TINY = "tiny"  # the value of `model` / `dataset.path` that selects the built-in tiny study
+RANDOM = "random"  # the value of `model` that builds a real architecture with random weights (random_model)
+PROJECT = SCHEMA.parents[2]
+TINY_MODEL_KEYS = ("hidden_size", "num_layers", "prime_steps", "prime_batch_size", "prime_learning_rate")
 
 
 class ConfigError(ValueError):
@@ -149,7 +152,40 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
     uses_tiny = config.get("model") == TINY or _get(config, "dataset", "path") == TINY
     if uses_tiny and "tiny" not in config:
         problems.append('tiny: model or dataset.path is "tiny" but the tiny section is missing; add it (see studies/tiny.yaml)')
+    elif config.get("model") == TINY and isinstance(config.get("tiny"), dict):
+        for key in TINY_MODEL_KEYS:
+            if key not in config["tiny"]:
+                problems.append(f'tiny.{key}: needed to build the tiny model (model is "tiny"); add it (see studies/tiny.yaml)')
+    if config.get("model") == RANDOM:
+        problems += _random_model_problems(config.get("random_model"))
     return problems
+
+
+def architecture_path(value: str) -> Path:
+    """A random_model.architecture file: as given (absolute, or from the working directory), else in the project."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() or path.exists() else PROJECT / value
+
+
+def _random_model_problems(section) -> list[str]:
+    if not isinstance(section, dict) or not isinstance(section.get("architecture"), str):
+        return ['random_model: model is "random" but random_model.architecture is not set; add the section (see '
+                'studies/speed-4b.yaml)']
+    from .random_model import load_architecture
+
+    path = architecture_path(section["architecture"])
+    try:
+        architecture = load_architecture(path)
+    except FileNotFoundError:
+        return [f"random_model.architecture: {section['architecture']} not found (looked in the working directory "
+                f"and {PROJECT}); give a config.json such as studies/architectures/qwen3-4b.json"]
+    except ValueError as e:
+        return [f"random_model.architecture: {e}"]
+    size = section.get("tokenizer_size")
+    if isinstance(size, int) and size > architecture["vocab_size"]:
+        return [f"random_model.tokenizer_size: {size} tokens do not fit the architecture's {architecture['vocab_size']} "
+                f"embedding rows; lower it to the real tokenizer's size"]
+    return []
 
 
 # load_dataset builders that read local files named by dataset.data_files
@@ -165,7 +201,7 @@ def is_local(config: dict) -> bool:
     """Model and data come from this machine (the tiny study, a model folder, local data files): no job
     needs the network, so none may use it."""
     model, dataset = config["model"], config["dataset"]
-    model_local = model == TINY or Path(model).expanduser().exists()
+    model_local = model in (TINY, RANDOM) or Path(model).expanduser().exists()
     data_local = dataset["path"] == TINY or Path(dataset["path"]).expanduser().exists() or (
         dataset["path"] in FILE_BUILDERS and bool(dataset.get("data_files")))
     return model_local and data_local
@@ -215,7 +251,7 @@ def input_problems(config: dict) -> list[str]:
     """What can be checked of the model and data before any job, on this machine: local paths and files."""
     problems = []
     model = config["model"]
-    if model != TINY and _looks_like_a_path(model):
+    if model not in (TINY, RANDOM) and _looks_like_a_path(model):
         path = Path(model).expanduser()
         if not path.is_dir():
             problems.append(f"model: {model} is not a folder; give a model folder (with config.json) or a hub id "

@@ -13,5 +13,6 @@ SPEED_FIGURE = "results/figures/speed_memory.png"  # median step and peak memory
 TINY_MODEL = "results/tiny/model"
 TINY_DATA = "results/tiny/data/train.jsonl"
 PRIMED_MODEL = "results/tiny/primed"
+RANDOM_MODEL = "results/random/model"  # a real architecture with random weights (model: random)
 LOG = "results/logs/{name}.log"  # one log per job, name given by the rule
 RUN_CACHE = "results/cache/runs"  # finished runs by content key (runcache): never trained twice

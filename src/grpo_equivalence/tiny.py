@@ -27,11 +27,18 @@ def padded_vocab_size(tokens: int) -> int:
     return -(-tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
-def build_tokenizer():
+def build_tokenizer(size: int | None = None):
+    """The character-level tokenizer; with `size`, filled up to `size` tokens with tokens no text maps to
+    (a real vocabulary's size, for a model of a real architecture: its embedding and softmax are full size)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *MARKERS, *CHARACTERS])}
+    tokens = [PAD, EOS, UNK, *MARKERS, *CHARACTERS]
+    if size is not None:
+        if size < len(tokens):
+            raise ValueError(f"a tokenizer of {size} tokens cannot hold the {len(tokens)} the study needs")
+        tokens += [f"<|t{i}|>" for i in range(size - len(tokens))]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()

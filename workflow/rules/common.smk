@@ -17,7 +17,7 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PY
 from grpo_equivalence import backends, paths, schedule
 from grpo_equivalence.codedeps import code_hash
 from grpo_equivalence.report import TEMPLATE as REPORT_TEMPLATE
-from grpo_equivalence.config import SCHEMA, TINY, ConfigError, check, is_local, load_study, with_overrides
+from grpo_equivalence.config import SCHEMA, TINY, RANDOM, ConfigError, architecture_path, check, is_local, load_study, with_overrides
 
 
 def study_file():
@@ -102,8 +102,17 @@ def log_for(name):
 
 
 def model_path():
-    """The from_pretrained argument of train jobs: the primed tiny model, or the config's id or path."""
-    return paths.PRIMED_MODEL if config["model"] == TINY else config["model"]
+    """The from_pretrained argument of train jobs: the primed tiny model, the random one, or the config's id or path."""
+    return {TINY: paths.PRIMED_MODEL, RANDOM: paths.RANDOM_MODEL}.get(config["model"], config["model"])
+
+
+def random_architecture():
+    """The config.json that model: random is built from, as a dict (None for other studies)."""
+    if config["model"] != RANDOM:
+        return None
+    from grpo_equivalence.random_model import load_architecture
+
+    return load_architecture(architecture_path(config["random_model"]["architecture"]))
 
 
 def dataset_spec():
@@ -116,8 +125,8 @@ def dataset_spec():
 
 def get_train_inputs(wildcards):
     inputs = {}
-    if config["model"] == TINY:
-        inputs["model"] = paths.PRIMED_MODEL
+    if config["model"] in (TINY, RANDOM):
+        inputs["model"] = model_path()
     if config["dataset"]["path"] == TINY:
         inputs["data"] = paths.TINY_DATA
     return inputs
@@ -136,7 +145,7 @@ def seed_of(wildcards):
 
 def get_train_settings(wildcards):
     """Everything of the config that a train job's numbers depend on: a change reruns the job."""
-    keys = ("model", "dataset", "system_prompt", "dtype", "max_seq_length", "lora", "grpo", "gpus_per_train_job")
+    keys = ("model", "dataset", "system_prompt", "dtype", "max_seq_length", "lora", "grpo", "gpus_per_train_job", "recorder")
     settings = {key: config.get(key) for key in keys}
     settings["grpo"] = {**config["grpo"], "seed": seed_of(wildcards)}
     # Only this backend's options: another backend's do not rerun this job.
