@@ -11,14 +11,14 @@ from grpo_equivalence.rewards import REWARD_NAMES
 def runs(primed, tiny_study, tmp_path_factory):
     out = tmp_path_factory.mktemp("stats")
     results = {}
-    for backend in ("hf", "cb_paged"):
+    for backend in ("hf", "cb_paged", "hf_static"):
         path = out / f"grpo_{backend}_4.json"
         train.run(tiny_study, backend, 4, model_path=primed["model"], dataset=primed["dataset"], out=path, log=lambda s: None)
         results[backend] = stats.load(path)
     return results
 
 
-@pytest.mark.parametrize("backend", ["hf", "cb_paged"])
+@pytest.mark.parametrize("backend", ["hf", "cb_paged", "hf_static"])
 def test_statistics_file_has_every_step_and_metric(runs, backend):
     run = runs[backend]
     assert run["backend"] == backend and run["max_steps"] == 4
@@ -33,6 +33,37 @@ def test_statistics_file_has_every_step_and_metric(runs, backend):
             assert key in step["metrics"]
     assert run["train_wall_s"] >= sum(s["wall_s"] for s in run["steps"]) * 0.9
     assert run["peak_mem_gb"] == max(s["peak_mem_gb"] for s in run["steps"]) > 0
+    assert run["environment"]["memory_bandwidth_gbs"] is None  # measured on CUDA only
+
+
+def test_weights_bytes_are_recorded(runs, primed):
+    """What a decode step reads at least once: the base model's float32 weights and the LoRA adapters."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(primed["model"]).num_parameters()
+    for run in runs.values():
+        assert run["model_bytes"] == 4 * (base + run["effective_config"]["trainable_parameters"])
+
+
+def test_hf_static_generates_with_a_static_cache_and_compilation_on(runs, tiny_study):
+    generation = runs["hf_static"]["effective_config"]["generation"]
+    assert generation["cache_implementation"] == "static"
+    assert generation["max_cache_len"] == tiny_study["max_seq_length"]  # one size for every step: no recompile
+    assert generation.get("disable_compile", False) is False  # TRL sets True; the backend turns it back on
+    assert runs["hf"]["effective_config"]["generation"]["disable_compile"] is True
+    assert runs["hf_static"]["effective_config"]["rollout_settings"] == ["cache_implementation"]
+
+
+def test_timestamps_recorder_records_step_times_only(primed, tiny_study, tmp_path):
+    """The recorder's own cost is measured against this one (benchmarks/callback_overhead.py)."""
+    config = {**tiny_study, "recorder": "timestamps"}
+    train.run(config, "hf", 3, model_path=primed["model"], dataset=primed["dataset"], out=tmp_path / "s.json",
+              log=lambda s: None)
+    run = stats.load(tmp_path / "s.json")
+    assert [s["step"] for s in run["steps"]] == [1, 2, 3]
+    assert all(s["wall_s"] > 0 and s["peak_mem_gb"] is None and "profile" not in s for s in run["steps"])
+    assert all(s["loss"] is not None and s["reward"] is not None for s in run["steps"])  # the trainer's logs still
+    assert sum(s["wall_s"] for s in run["steps"]) <= run["train_wall_s"]
 
 
 def test_rewards_vary_within_groups_on_most_steps(runs):

@@ -33,7 +33,14 @@ class StatsError(ValueError):
 PROFILE = "profile"
 
 
-def make_recorder(memory_probe, synchronize=lambda: None):
+# What the recorder measures per step: "full" (the contract: wall time between synchronised bounds, memory,
+# TRL's block timings, the trainer's logs) or "timestamps" (the trainer's logs and the time between two
+# step ends, no synchronisation, no memory: as near to no recorder as a run that is still timed can be). The
+# second exists to measure the first's own cost (benchmarks/callback_overhead.py).
+RECORDERS = ("full", "timestamps")
+
+
+def make_recorder(memory_probe, synchronize=lambda: None, mode: str = "full"):
     """A TrainerCallback that builds one record per optimizer step.
 
     Every log dict is merged into the record of the step it belongs to: GRPO logs its metrics in
@@ -50,7 +57,12 @@ def make_recorder(memory_probe, synchronize=lambda: None):
             self._start = None
             self._step = 0
 
+        def on_train_begin(self, args, state, control, **kwargs):
+            self._last_end = time.perf_counter()
+
         def on_step_begin(self, args, state, control, **kwargs):
+            if mode == "timestamps":
+                return
             synchronize()
             memory_probe.reset()
             self._step = state.global_step + 1
@@ -61,10 +73,13 @@ def make_recorder(memory_probe, synchronize=lambda: None):
             profile[name] = profile.get(name, 0.0) + seconds
 
         def on_step_end(self, args, state, control, **kwargs):
-            synchronize()
-            wall = time.perf_counter() - self._start
             record = self.records.setdefault(state.global_step, {"step": state.global_step})
-            record["wall_s"] = wall
+            if mode == "timestamps":
+                now = time.perf_counter()
+                record["wall_s"], self._last_end = now - self._last_end, now
+                return
+            synchronize()
+            record["wall_s"] = time.perf_counter() - self._start
             record.update(memory_probe.read())
 
         def on_log(self, args, state, control, logs=None, **kwargs):

@@ -1,14 +1,14 @@
 """One GRPO training run: a backend, a step count, and the study's settings; writes the statistics file."""
 
+import contextlib
 import os
 import tempfile
 import time
 from pathlib import Path
 
-from . import backends, environment, stats
+from . import backends, environment, memory, stats
 from .answer_format import CHAT_TEMPLATE
 from .data import load_problems
-from .memory import MemoryProbe
 from .rewards import make_reward_functions
 from .runwarnings import WarningLog
 
@@ -65,7 +65,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     # Start-up (imports, model load, engine start, trainer set-up) is timed on its own: vLLM's engine start
     # takes minutes where a step takes a fraction of a second, and must not be read as training time.
     startup_began = time.perf_counter()
-    probe = MemoryProbe(device)
+    probe = memory.MemoryProbe(device)
     # Every warning of loading and training is kept with the run: a setting a backend ignores shows here.
     with WarningLog() as warned:
         import torch
@@ -97,7 +97,9 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
             **FIXED_ARGS,
             **overrides,
         )
-        recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None)
+        recorder_mode = config.get("recorder", "full")
+        recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None,
+                                       mode=recorder_mode)
         trainer = GRPOTrainer(
             model=loaded.model,
             processing_class=tokenizer,
@@ -107,15 +109,18 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
             peft_config=loaded.peft_config,
             callbacks=[recorder],
         )
+        backend.prepare_trainer(trainer, spec)
         startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
         log(f"[{backend_name} x {max_steps}] training")
         started_at = time.time()
         start = time.perf_counter()
         startup_s = start - startup_began
-        with stats.trl_profiling(recorder):
+        with stats.trl_profiling(recorder) if recorder_mode == "full" else contextlib.nullcontext():
             trainer.train()
         train_wall = time.perf_counter() - start
         finished_at = time.time()
+        # After training, so that it slows no step: against it a decode step's time is judged (summary)
+        bandwidth = memory.device_bandwidth_gbs() if device == "cuda" else None
 
     steps = stats.step_records(recorder.records)
     peaks = [s["peak_mem_gb"] for s in steps if s["peak_mem_gb"] is not None]
@@ -135,12 +140,14 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "train_started_at": started_at,
         "train_finished_at": finished_at,
         "peak_mem_gb": max(peaks) if peaks else None,
+        # Bytes of the weights (LoRA adapters included), each read once by a decode step
+        "model_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
         "memory_measure": probe.describe(),
         "steps": steps,
         "trainer_summary": recorder.run_summary,
         "warnings": warned.records(),
         "effective_config": {**effective_config(trainer), "rollout_settings": sorted(overrides)},
-        "environment": {**environment.describe(), "gpu_lease": gpu_lease},
+        "environment": {**environment.describe(), "gpu_lease": gpu_lease, "memory_bandwidth_gbs": bandwidth},
     }
     stats.write(out, result)
     scratch.cleanup()

@@ -66,6 +66,9 @@ class Backend:
         """GRPOConfig settings that select this backend's rollout path (nothing else)."""
         return {}
 
+    def prepare_trainer(self, trainer, spec: LoadSpec) -> None:
+        """Runs once the GRPOTrainer exists, before training: for rollout settings GRPOConfig cannot express."""
+
 
 def torch_dtype(name: str):
     import torch
