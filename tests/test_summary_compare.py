@@ -15,6 +15,15 @@ def test_median_step_leaves_out_the_warm_up():
     assert summary["steps_with_reward_signal"] == 6  # frac_reward_zero_std 0.25 at every step
 
 
+def test_bandwidth_floor_is_the_weights_over_the_measured_bandwidth():
+    run = make_stats(n=6)
+    assert summarise(run)["bandwidth_floor_ms"] is None  # neither recorded: not recorded, never 0
+    run["model_bytes"] = 8_000_000_000
+    assert summarise(run)["bandwidth_floor_ms"] is None  # bandwidth measured only on CUDA
+    run["environment"]["memory_bandwidth_gbs"] = 4000.0
+    assert summarise(run)["bandwidth_floor_ms"] == pytest.approx(2.0)
+
+
 def test_steps_with_signal_counts_steps_where_some_group_varied():
     run = make_stats(n=4)
     for step, fraction in zip(run["steps"], (1.0, 0.5, 1.0, 0.0)):

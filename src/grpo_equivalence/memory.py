@@ -67,3 +67,24 @@ class MemoryProbe:
         except OSError:
             pass
         return None  # not measurable here: reported as not logged
+
+
+def device_bandwidth_gbs(gigabytes: float = 1.0, repeats: int = 20) -> float:
+    """The GPU's memory bandwidth as a device-to-device copy achieves it (bytes read plus bytes written per
+    second, GB/s): what a decode step that reads every weight once can at best stream."""
+    import torch
+
+    n = int(gigabytes * GB) // 2
+    source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    target = torch.empty_like(source)
+    target.copy_(source)  # first touch outside the timing
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        target.copy_(source)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000
+    del source, target
+    torch.cuda.empty_cache()
+    return 2 * n * 2 * repeats / seconds / GB

@@ -41,6 +41,9 @@ def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
         "sampler_mismatch": _means(stats["steps"], MISMATCH_PREFIXES),
         # Where a step's time goes (medians over the timed steps; null where TRL's timings were not recorded)
         **_time_split(stats, [s for s in stats["steps"] if s["step"] > skip]),
+        # The least a decode step can take: every weight read once at the memory bandwidth measured on the
+        # run's GPU (null: not recorded, e.g. on the CPU)
+        "bandwidth_floor_ms": _bandwidth_floor_ms(stats),
     }
 
 
@@ -90,6 +93,14 @@ def _means(steps: list[dict], prefixes) -> dict[str, float]:
             if key.startswith(prefixes) and isinstance(value, (int, float)) and math.isfinite(value):
                 values.setdefault(key, []).append(value)
     return {key: statistics.fmean(v) for key, v in sorted(values.items())}
+
+
+def _bandwidth_floor_ms(stats: dict) -> float | None:
+    weights = stats.get("model_bytes")
+    bandwidth = (stats.get("environment") or {}).get("memory_bandwidth_gbs")
+    if not weights or not bandwidth:
+        return None
+    return 1000 * weights / (bandwidth * 1e9)
 
 
 def _trainer(stats: dict) -> dict:
