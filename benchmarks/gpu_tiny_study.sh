@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The tiny study on a GPU machine, through Snakemake, with every backend: vllm (the reference, as in the
-# original study, with REF_SEEDS seeds for the noise floor; default 3), unsloth_fi_false, cb_paged, hf and
-# trl_vllm (OTHER_SEEDS seeds each; default 1) at 10 and 30 steps, one GPU per train job, bfloat16. Both vLLM
-# backends reserve the same fraction of the GPU, so that their memory compares.
+# original study, with REF_SEEDS seeds for the noise floor; default 3), unsloth_fi_false, cb_paged, hf, hf_static
+# and trl_vllm (OTHER_SEEDS seeds each; default 1) at STEPS steps (default "10 30"), one GPU per train job,
+# bfloat16. Both vLLM backends reserve the same fraction of the GPU, so that their memory compares.
 # Writes the study's config, report, statistics, comparisons, logs and versions to OUTDIR.
 # Usage: benchmarks/gpu_tiny_study.sh [OUTDIR] [GPUS]   (GPUS: the gpu resource, i.e. train jobs at once)
 set -euo pipefail
@@ -10,10 +10,11 @@ out=${1:-results/gpu-example}
 gpus=${2:-1}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-python3 - "$out/study.yaml" "${REF_SEEDS:-3}" "${OTHER_SEEDS:-1}" <<'PY'
+python3 - "$out/study.yaml" "${REF_SEEDS:-3}" "${OTHER_SEEDS:-1}" "${STEPS:-10 30}" <<'PY'
 import sys, yaml
 config = yaml.safe_load(open("studies/tiny.yaml"))
-config.update(backends=["vllm", "unsloth_fi_false", "cb_paged", "hf", "trl_vllm"], reference="vllm", steps=[10, 30],
+config.update(backends=["vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm"], reference="vllm",
+              steps=[int(s) for s in sys.argv[4].split()],
               gpus_per_train_job=1, dtype="bfloat16", train_threads=4)
 config["backend_options"].update(vllm={"gpu_memory_utilization": 0.3}, trl_vllm={"gpu_memory_utilization": 0.3})
 config["replicates"] = {"reference": int(sys.argv[2]), "others": int(sys.argv[3])}
