@@ -131,3 +131,15 @@ def test_sampler_mismatch_is_shown_where_logged_and_not_logged_elsewhere(tmp_pat
     rows = {row["Backend"]: row for row in table}
     assert rows["vllm"]["logp difference mean"] == "0.0300" and rows["vllm"]["IS ratio max"] == "1.5000"
     assert rows["hf"]["logp difference mean"] == "not logged" and rows["vllm"]["IS ratio min"] == "not logged"
+
+
+def test_a_confound_is_a_warning_about_a_sampling_setting_not_a_kernel_name():
+    from grpo_equivalence.report import confounds
+
+    def run(*messages):
+        return {"warnings": [{"source": "log:x", "message": m, "count": 1} for m in messages]}
+
+    kept = confounds([run("Processor MinPLogitsWarper might not be supported by CB.", "top_k is ignored here",
+                          "Triton kernel JIT compilation during inference: _topk_topp_kernel. This causes a latency spike")])
+    assert [w["message"] for w in kept] == ["Processor MinPLogitsWarper might not be supported by CB.",
+                                            "top_k is ignored here"]

@@ -52,7 +52,7 @@ def project(tmp_path_factory):
     for name in PROJECT_FILES:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, project / name)
     config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config.update(steps=list(STEPS), replicates={"reference": 2, "others": 1})  # hf: 2 seeds, cb_paged: 1
+    config.update(backends=["hf", "cb_paged"], steps=list(STEPS), replicates={"reference": 2, "others": 1})  # hf: 2 seeds, cb_paged: 1
     (project / "study.yaml").write_text(yaml.safe_dump(config))
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], cwd=project, check=True)

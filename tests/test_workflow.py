@@ -18,7 +18,8 @@ from helpers import tables_headed
 pytestmark = pytest.mark.workflow
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
 STEPS = (4, 6)
-REPLICATES = {"reference": 3, "others": 2}  # hf: seeds 3407..3409, cb_paged: 3407 and 3408
+REPLICATES = {"reference": 3, "others": 2}  # hf: seeds 3407..3409, cb_paged and hf_static: 3407 and 3408
+CANDIDATES = ("cb_paged", "hf_static")  # the tiny study's backends besides the reference, hf
 
 
 def snakemake(workdir: Path, *args: str, check=True) -> subprocess.CompletedProcess:
@@ -51,7 +52,7 @@ def seeds(backend):
 
 
 def test_every_job_ran_and_logged(study):
-    for backend in ("hf", "cb_paged"):
+    for backend in ("hf", *CANDIDATES):
         for steps in STEPS:
             run = load(study, backend, steps)
             assert [s["step"] for s in run["steps"]] == list(range(1, steps + 1))
@@ -74,7 +75,7 @@ def test_report_speed_tables_match_the_statistics(study):
     for table, steps in zip(speed_tables, STEPS, strict=True):
         ref_median = statistics.median(s["wall_s"] for s in load(study, "hf", steps)["steps"] if s["step"] > 3)
         rows = {row["Backend"]: row for row in table}
-        for backend in ("hf", "cb_paged"):
+        for backend in ("hf", *CANDIDATES):
             run = load(study, backend, steps)
             median = statistics.median(s["wall_s"] for s in run["steps"] if s["step"] > 3)
             row = rows[backend]
@@ -86,7 +87,7 @@ def test_report_speed_tables_match_the_statistics(study):
 
 
 def test_replicates_ran_with_their_own_seeds(study):
-    for backend in ("hf", "cb_paged"):
+    for backend in ("hf", *CANDIDATES):
         for steps in STEPS:
             for seed in seeds(backend)[1:]:
                 run = load(study, backend, steps, seed)
@@ -106,28 +107,46 @@ def test_report_verdicts_match_the_statistics(study):
     assert len(verdict_tables) == len(evidence_tables) == len(STEPS)
     for steps, verdicts, evidence in zip(STEPS, verdict_tables, evidence_tables):
         refs = [load(study, "hf", steps, s if s != 3407 else None) for s in seeds("hf")]
-        cands = [load(study, "cb_paged", steps, s if s != 3407 else None) for s in seeds("cb_paged")]
-        rows = {row["Metric"]: row for row in evidence}
-        for metric in verdict.METRICS:
-            expected = verdict.judge_runs(refs, cands, metric, tests=len(verdict.METRICS))
-            assert verdicts[0][metric].strip("*").startswith(expected["verdict"]), (metric, verdicts[0][metric])
-            assert rows[metric]["Runs (reference/candidate)"] == "3/2"
-            assert float(rows[metric]["Difference"]) == pytest.approx(expected["difference"], rel=1e-3, abs=1e-6)
-            assert rows[metric]["Verdict, because"].startswith(expected["verdict"])
+        assert [row["Candidate"] for row in verdicts] == list(CANDIDATES)
+        for candidate, verdict_row in zip(CANDIDATES, verdicts):
+            cands = [load(study, candidate, steps, s if s != 3407 else None) for s in seeds(candidate)]
+            rows = {row["Metric"]: row for row in evidence if row["Candidate"] == candidate}
+            for metric in verdict.METRICS:
+                expected = verdict.judge_runs(refs, cands, metric, tests=len(verdict.METRICS))
+                assert verdict_row[metric].strip("*").startswith(expected["verdict"]), (candidate, metric)
+                assert rows[metric]["Runs (reference/candidate)"] == "3/2"
+                assert float(rows[metric]["Difference"]) == pytest.approx(expected["difference"], rel=1e-3, abs=1e-6)
+                assert rows[metric]["Verdict, because"].startswith(expected["verdict"])
+
+
+def test_hf_static_is_equivalent_to_hf(study):
+    """On the CPU transformers does not compile, and hf_static (a static KV cache) samples exactly as hf does:
+    the same completions, so every metric of every seed is equal and the verdict says equivalent."""
+    report = (study / "results/grpo_equivalence.md").read_text()
+    for steps, verdicts in zip(STEPS, tables_headed(report, "Candidate", "loss")[0::2]):
+        for seed in seeds("hf_static"):
+            name = seed if seed != 3407 else None
+            assert [s["reward"] for s in load(study, "hf_static", steps, name)["steps"]] == \
+                [s["reward"] for s in load(study, "hf", steps, name)["steps"]]
+        row = next(row for row in verdicts if row["Candidate"] == "hf_static")
+        assert {row[metric] for metric in ("loss", "reward", "kl", "grad_norm", "completion_length", "entropy")} == \
+            {"equivalent"}, row
 
 
 def test_report_step_differences_match_the_statistics(study):
     report = (study / "results/grpo_equivalence.md").read_text()
     step_tables = tables_headed(report, "Candidate", "loss")[1::2]
     assert len(step_tables) == len(STEPS)
-    for (row,), steps in zip(step_tables, STEPS):
-        ref, cand = load(study, "hf", steps)["steps"], load(study, "cb_paged", steps)["steps"]
-        for metric in ("loss", "reward", "kl", "grad_norm"):
-            diff = [abs(c[metric] - r[metric]) for c, r in zip(cand, ref)]
-            mean, largest, floor = re.match(r"(\S+) \((\S+)\) vs (\S+)", row[metric]).groups()
-            assert float(mean) == pytest.approx(statistics.mean(diff), rel=1e-3, abs=1e-6)
-            assert float(largest) == pytest.approx(max(diff), rel=1e-3, abs=1e-6)
-            assert float(floor) > 0  # three reference seeds: a floor
+    for rows, steps in zip(step_tables, STEPS):
+        assert [row["Candidate"] for row in rows] == list(CANDIDATES)
+        for candidate, row in zip(CANDIDATES, rows):
+            ref, cand = load(study, "hf", steps)["steps"], load(study, candidate, steps)["steps"]
+            for metric in ("loss", "reward", "kl", "grad_norm"):
+                diff = [abs(c[metric] - r[metric]) for c, r in zip(cand, ref)]
+                mean, largest, floor = re.match(r"(\S+) \((\S+)\) vs (\S+)", row[metric]).groups()
+                assert float(mean) == pytest.approx(statistics.mean(diff), rel=1e-3, abs=1e-6)
+                assert float(largest) == pytest.approx(max(diff), rel=1e-3, abs=1e-6)
+                assert float(floor) > 0  # three reference seeds: a floor
 
 
 def test_warnings_are_recorded_and_a_sampling_one_is_called_a_confound(study):
@@ -177,7 +196,7 @@ def test_grpo_report_cli_renders_the_same_tables(study):
                     "--stats-dir", str(study / "results/stats"), "--reference", "hf", "-o", str(out)], check=True)
     workflow_report = (study / "results/grpo_equivalence.md").read_text()
     cli_report = out.read_text()
-    table = re.compile(r"^\| (hf|cb_paged) .*$", re.M)
+    table = re.compile(r"^\| (hf|cb_paged|hf_static) .*$", re.M)
     assert table.findall(cli_report) and [m.group(0) for m in table.finditer(cli_report)] == \
         [m.group(0) for m in table.finditer(workflow_report)]
 
@@ -193,7 +212,7 @@ def test_bad_config_stops_before_any_job(tmp_path):
                              str(ROOT / "studies" / "tiny.yaml"), "--config", "reference=vllm"],
                             capture_output=True, text=True)
     assert result.returncode != 0
-    assert "reference: 'vllm' is not among backends ['hf', 'cb_paged']" in result.stdout + result.stderr
+    assert "reference: 'vllm' is not among backends ['hf', 'cb_paged', 'hf_static']" in result.stdout + result.stderr
     assert not (tmp_path / "results").exists()
 
 

@@ -13,8 +13,10 @@ from .summary import DEFAULT_SKIP, summarise
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "report_templates" / "grpo_equivalence.md.j2"
 # A warning that names a sampling setting: the backend may not sample as the study asked, so its
-# differences may come from that setting rather than from its rollout engine.
-SAMPLING_WARNING = re.compile(r"min_?p|top_?k|top_?p|temperature|repetition_?penalty|do_?sample", re.IGNORECASE)
+# differences may come from that setting rather than from its rollout engine. Not inside a snake_case name:
+# vLLM's "Triton kernel JIT compilation during inference: _topk_topp_kernel" is about speed, not sampling.
+SAMPLING_WARNING = re.compile(r"(?<!_)(min_?p|top_?k|top_?p|temperature|repetition_?penalty|do_?sample)(?!_)",
+                              re.IGNORECASE)
 
 
 def confounds(runs: list[dict]) -> list[dict]:
