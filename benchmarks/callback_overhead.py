@@ -1,15 +1,18 @@
-"""The statistics recorder's own cost: the same train job with the full recorder and with step timestamps only.
+"""The statistics recorder's own cost: steps with the full recorder against steps with step timestamps only.
 
-    python benchmarks/callback_overhead.py [--study studies/tiny.yaml] [--backend hf] [--steps 30] [--pairs 3]
-                                           [--gpus 1] [--out overhead.json]
+    python benchmarks/callback_overhead.py [--method alternate|pairs] [--study studies/tiny.yaml] [--backend hf]
+                                           [--steps 30] [--runs 3] [--gpus 1] [--out overhead.json]
 
-Each run is the workflow's train job for one backend and step count (snakemake, one scratch folder), once with
-`recorder: full` (what every study records: synchronised step bounds, memory, TRL's block timings) and once
-with `recorder: timestamps` (the time between step ends, nothing else), in alternating order. Between runs the
-statistics file and the run cache are removed, so that every run trains. Prints each pair's median steps
-(after `median_skip_steps`) and their ratio, then the median ratio: the recorder's overhead is ratio - 1.
-With --gpus 1 the study trains on a GPU in bfloat16; the tiny model is the hardest case, since its steps are
-the shortest.
+Each run is the workflow's train job for one backend and step count (snakemake, one scratch folder).
+--method alternate (default): each run has `recorder: alternate`, the full recorder's work (synchronisation,
+memory readings) on odd steps and none on even ones, every step timed from the previous step's end; a run's
+ratio is the median odd step over the median even step (after `median_skip_steps`). Both halves share one
+run, so the ratio is free of the run-to-run noise that two runs carry.
+--method pairs: runs with `recorder: full` and `recorder: timestamps` in alternating order, a pair's ratio
+being the ratio of their median steps.
+Between runs the statistics file and the run cache are removed, so that every run trains. Prints each ratio
+and their median: the recorder's overhead is ratio - 1. With --gpus 1 the study trains on a GPU in bfloat16;
+the tiny model is the hardest case, since its steps are the shortest.
 """
 
 import argparse
@@ -36,7 +39,8 @@ def main() -> None:
     parser.add_argument("--study", default=str(ROOT / "studies" / "tiny.yaml"))
     parser.add_argument("--backend", default="hf")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--method", choices=("alternate", "pairs"), default="alternate")
+    parser.add_argument("--runs", type=int, default=3, help="runs (alternate) or pairs of runs (pairs)")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs per train job (0: the CPU)")
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
@@ -47,31 +51,38 @@ def main() -> None:
     if args.gpus:
         config.update(dtype="bfloat16", train_threads=4)
     skip = config.get("median_skip_steps", 3)
-    pairs = []
+    ratios = []
     with tempfile.TemporaryDirectory(prefix="callback_overhead_") as work:
         work = Path(work)
         (work / "study.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         target = paths.STATS.format(backend=args.backend, steps=args.steps)
-        for pair in range(args.pairs):
-            medians = {}
-            for mode in MODES if pair % 2 == 0 else reversed(MODES):
-                (work / target).unlink(missing_ok=True)
-                shutil.rmtree(work / paths.RUN_CACHE, ignore_errors=True)
-                subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
-                                target, "--cores", "8", "--resources", f"gpu={max(args.gpus, 1)}", "-q",
-                                "--config", f"study={work / 'study.yaml'}", f"recorder={mode}"], check=True)
-                medians[mode] = summarise(stats.load(work / target), skip)["median_step_s"]
-            ratio = medians["full"] / medians["timestamps"]
-            pairs.append({**medians, "ratio": ratio})
-            print(f"pair {pair + 1}: median step full {medians['full'] * 1000:.2f} ms, timestamps only "
-                  f"{medians['timestamps'] * 1000:.2f} ms, ratio {ratio:.4f}", flush=True)
-    median_ratio = statistics.median(p["ratio"] for p in pairs)
-    print(f"median ratio of {len(pairs)} pairs: {median_ratio:.4f} (recorder overhead {100 * (median_ratio - 1):+.2f} %)")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"backend": args.backend, "steps": args.steps, "gpus": args.gpus,
-                                              "median_over_steps_after": skip, "pairs": pairs,
-                                              "median_ratio": median_ratio}, indent=1) + "\n")
 
+        def train(mode: str) -> dict:
+            (work / target).unlink(missing_ok=True)
+            shutil.rmtree(work / paths.RUN_CACHE, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
+                            target, "--cores", "8", "--resources", f"gpu={max(args.gpus, 1)}", "-q",
+                            "--config", f"study={work / 'study.yaml'}", f"recorder={mode}"], check=True)
+            return stats.load(work / target)
+
+        for i in range(args.runs):
+            if args.method == "alternate":
+                timed = [s for s in train("alternate")["steps"] if s["step"] > skip]
+                medians = {"full": statistics.median(s["wall_s"] for s in timed if s["step"] % 2 == 1),
+                           "timestamps": statistics.median(s["wall_s"] for s in timed if s["step"] % 2 == 0)}
+            else:
+                medians = {mode: summarise(train(mode), skip)["median_step_s"]
+                           for mode in (MODES if i % 2 == 0 else reversed(MODES))}
+            ratio = medians["full"] / medians["timestamps"]
+            ratios.append({**medians, "ratio": ratio})
+            print(f"run {i + 1} ({args.method}): median step full {medians['full'] * 1000:.2f} ms, timestamps only "
+                  f"{medians['timestamps'] * 1000:.2f} ms, ratio {ratio:.4f}", flush=True)
+    median_ratio = statistics.median(r["ratio"] for r in ratios)
+    print(f"median ratio of {len(ratios)}: {median_ratio:.4f} (recorder overhead {100 * (median_ratio - 1):+.2f} %)")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"method": args.method, "backend": args.backend, "steps": args.steps,
+                                              "gpus": args.gpus, "median_over_steps_after": skip, "runs": ratios,
+                                              "median_ratio": median_ratio}, indent=1) + "\n")
 
 if __name__ == "__main__":
     main()

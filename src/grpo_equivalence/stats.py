@@ -35,9 +35,11 @@ PROFILE = "profile"
 
 # What the recorder measures per step: "full" (the contract: wall time between synchronised bounds, memory,
 # TRL's block timings, the trainer's logs) or "timestamps" (the trainer's logs and the time between two
-# step ends, no synchronisation, no memory: as near to no recorder as a run that is still timed can be). The
-# second exists to measure the first's own cost (benchmarks/callback_overhead.py).
-RECORDERS = ("full", "timestamps")
+# step ends, no synchronisation, no memory: as near to no recorder as a run that is still timed can be).
+# "alternate" does the full recorder's work on odd steps only and times every step from the previous step's
+# end, so that one run holds both and their ratio is free of the run-to-run noise of two runs. The last two
+# exist to measure the full recorder's own cost (benchmarks/callback_overhead.py).
+RECORDERS = ("full", "timestamps", "alternate")
 
 
 def make_recorder(memory_probe, synchronize=lambda: None, mode: str = "full"):
@@ -60,12 +62,16 @@ def make_recorder(memory_probe, synchronize=lambda: None, mode: str = "full"):
         def on_train_begin(self, args, state, control, **kwargs):
             self._last_end = time.perf_counter()
 
+        def _works(self, step: int) -> bool:
+            """Whether this step gets the full recorder's synchronisation and memory readings."""
+            return mode == "full" or (mode == "alternate" and step % 2 == 1)
+
         def on_step_begin(self, args, state, control, **kwargs):
-            if mode == "timestamps":
+            self._step = state.global_step + 1
+            if not self._works(self._step):
                 return
             synchronize()
             memory_probe.reset()
-            self._step = state.global_step + 1
             self._start = time.perf_counter()
 
         def add_profile(self, name: str, seconds: float) -> None:
@@ -74,7 +80,10 @@ def make_recorder(memory_probe, synchronize=lambda: None, mode: str = "full"):
 
         def on_step_end(self, args, state, control, **kwargs):
             record = self.records.setdefault(state.global_step, {"step": state.global_step})
-            if mode == "timestamps":
+            if mode != "full":
+                if self._works(state.global_step):
+                    synchronize()
+                    record.update(memory_probe.read())
                 now = time.perf_counter()
                 record["wall_s"], self._last_end = now - self._last_end, now
                 return

@@ -115,7 +115,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         started_at = time.time()
         start = time.perf_counter()
         startup_s = start - startup_began
-        with stats.trl_profiling(recorder) if recorder_mode == "full" else contextlib.nullcontext():
+        with stats.trl_profiling(recorder) if recorder_mode != "timestamps" else contextlib.nullcontext():
             trainer.train()
         train_wall = time.perf_counter() - start
         finished_at = time.time()
