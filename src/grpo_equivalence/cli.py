@@ -66,10 +66,14 @@ def report_main(argv=None):
     parser.add_argument("--margin", type=float, default=verdict.MARGIN, help="largest difference still equivalent, in "
                         "standard deviations of a seed-to-seed difference (default: %(default)s)")
     parser.add_argument("--template", type=Path, default=report.TEMPLATE, help="Jinja template (default: %(default)s)")
+    parser.add_argument("--figures", help="link the workflow's figures found in this folder (curves_<steps>.png, "
+                        "speed_memory.png)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     args = parser.parse_args(argv)
     if not args.template.exists():
         sys.exit(f"error: template {args.template} not found; pass --template report_templates/grpo_equivalence.md.j2 "
                  f"from a checkout of this project")
-    _run(lambda: _write(report.from_stats_dir(Path(args.stats_dir), args.reference, args.skip, args.template,
-                                              alpha=args.alpha, margin=args.margin), args.output, args.force))
+    report_dir = Path(args.output).parent if args.output else Path.cwd()
+    _run(lambda: _write(report.from_stats_dir(
+        Path(args.stats_dir), args.reference, args.skip, args.template, alpha=args.alpha, margin=args.margin,
+        figures=report.figures_in(Path(args.figures), report_dir) if args.figures else None), args.output, args.force))

@@ -9,6 +9,7 @@ from . import runs as run_files
 from . import stats as stats_io
 from . import verdict
 from .compare import COMPARED, NOT_LOGGED, compare
+from .paths import SPEED_FIGURE
 from .summary import DEFAULT_SKIP, summarise
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "report_templates" / "grpo_equivalence.md.j2"
@@ -115,7 +116,7 @@ def differing_settings(runs: list[dict]) -> list[dict]:
     rollout = set()
     for run in runs:
         config = dict(run["effective_config"])
-        rollout.update(f"trainer.{key}" for key in config.pop("rollout_settings", []))
+        rollout.update(key if "." in key else f"trainer.{key}" for key in config.pop("rollout_settings", []))
         by_backend[run["backend"]] = {k: v for k, v in _settings(config).items() if k not in PER_RUN_SETTINGS}
     keys = sorted(set().union(*(flat.keys() for flat in by_backend.values())))
     rows = []
@@ -193,8 +194,23 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
         backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)))
 
 
+def figures_in(folder: Path, relative_to: Path) -> dict:
+    """The workflow's figures (paths.CURVES_FIGURE, paths.SPEED_FIGURE by name) found in `folder`, as render takes
+    them: paths relative to `relative_to`, the report's folder."""
+    import os
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder; pass the folder holding curves_<steps>.png and speed_memory.png")
+    rel = lambda path: os.path.relpath(path, relative_to)  # noqa: E731
+    curves = {int(p.stem.removeprefix("curves_")): rel(p) for p in folder.glob("curves_*.png")
+              if p.stem.removeprefix("curves_").isdigit()}
+    speed = folder / Path(SPEED_FIGURE).name
+    return {"curves": curves, "speed": rel(speed) if speed.exists() else None}
+
+
 def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE, *,
-                   alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN) -> str:
+                   alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, figures: dict | None = None) -> str:
     """The report of every statistics file in `stats_dir` (grpo_<backend>_<steps>[_seed<seed>].json), as grpo-report
     makes it: each backend's runs of one step count are its seeds, the reference's measure the noise floor."""
     stats_dir = Path(stats_dir)
@@ -209,4 +225,5 @@ def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, te
     summaries = [summarise(group[0], skip) for group in groups.values()]
     comparisons = [compare(groups[(reference, steps)], group, alpha=alpha, margin=margin)
                    for (backend, steps), group in groups.items() if backend != reference and (reference, steps) in groups]
-    return render(summaries=summaries, comparisons=comparisons, reference=reference, runs=runs, template=template)
+    return render(summaries=summaries, comparisons=comparisons, reference=reference, runs=runs, template=template,
+                  figures=figures)
