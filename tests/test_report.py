@@ -99,6 +99,21 @@ def test_settings_that_differ_between_backends_are_listed(tmp_path):
     assert "beta" not in section and "max_steps" not in section
 
 
+def test_generation_settings_a_backend_sets_on_the_trainer_are_rollout_settings():
+    from grpo_equivalence.report import differing_settings
+
+    runs = []
+    for backend, compile_off, rollout in (("hf", True, []), ("hf_static", False, ["generation.disable_compile"])):
+        run = make_stats(backend, 5)
+        run["effective_config"] = {"trainer": {"beta": 0.001}, "generation": {"disable_compile": compile_off, "top_k": 5},
+                                   "rollout_settings": rollout}
+        runs.append(run)
+    assert differing_settings(runs) == [{"setting": "generation.disable_compile", "rollout": True,
+                                         "values": {"hf": True, "hf_static": False}}]
+    runs[1]["effective_config"]["rollout_settings"] = []
+    assert differing_settings(runs)[0]["rollout"] is False  # not declared: a difference the reader must see
+
+
 def test_no_differing_settings_is_said_plainly(stats_dir):
     assert "None: every effective setting read back from the trainers is the same" in from_stats_dir(stats_dir, "vllm")
 

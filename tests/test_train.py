@@ -36,6 +36,11 @@ def test_statistics_file_has_every_step_and_metric(runs, backend):
     assert run["environment"]["memory_bandwidth_gbs"] is None  # measured on CUDA only
 
 
+def test_adapter_precision_is_recorded(runs):
+    for run in runs.values():
+        assert run["effective_config"]["trainable_dtypes"] == ["float32"]  # the tiny study trains in float32
+
+
 def test_weights_bytes_are_recorded(runs, primed):
     """What a decode step reads at least once: the base model's float32 weights and the LoRA adapters."""
     from transformers import AutoModelForCausalLM
@@ -51,7 +56,18 @@ def test_hf_static_generates_with_a_static_cache_and_compilation_on(runs, tiny_s
     assert generation["max_cache_len"] == tiny_study["max_seq_length"]  # one size for every step: no recompile
     assert generation.get("disable_compile", False) is False  # TRL sets True; the backend turns it back on
     assert runs["hf"]["effective_config"]["generation"]["disable_compile"] is True
-    assert runs["hf_static"]["effective_config"]["rollout_settings"] == ["cache_implementation"]
+    assert runs["hf_static"]["effective_config"]["rollout_settings"] == [
+        "cache_implementation", "generation.disable_compile", "generation.max_cache_len"]
+
+
+def test_alternate_recorder_does_the_full_work_on_odd_steps_only(primed, tiny_study, tmp_path):
+    """One run holds steps with and without the full recorder: their ratio is its cost, free of run-to-run noise."""
+    config = {**tiny_study, "recorder": "alternate"}
+    train.run(config, "hf", 4, model_path=primed["model"], dataset=primed["dataset"], out=tmp_path / "s.json",
+              log=lambda s: None)
+    steps = stats.load(tmp_path / "s.json")["steps"]
+    assert [s["peak_mem_gb"] is not None for s in steps] == [True, False, True, False]
+    assert all(s["wall_s"] > 0 and s["profile"]["GRPOTrainer.transformers.generate"] > 0 for s in steps)
 
 
 def test_timestamps_recorder_records_step_times_only(primed, tiny_study, tmp_path):

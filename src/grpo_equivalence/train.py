@@ -109,7 +109,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
             peft_config=loaded.peft_config,
             callbacks=[recorder],
         )
-        backend.prepare_trainer(trainer, spec)
+        prepared = backend.prepare_trainer(trainer, spec)
         startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
         log(f"[{backend_name} x {max_steps}] training")
         started_at = time.time()
@@ -146,7 +146,8 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "steps": steps,
         "trainer_summary": recorder.run_summary,
         "warnings": warned.records(),
-        "effective_config": {**effective_config(trainer), "rollout_settings": sorted(overrides)},
+        # GRPOConfig keys by name, settings changed on the trainer by their report name (generation.<key>)
+        "effective_config": {**effective_config(trainer), "rollout_settings": sorted(overrides) + sorted(prepared)},
         "environment": {**environment.describe(), "gpu_lease": gpu_lease, "memory_bandwidth_gbs": bandwidth},
     }
     stats.write(out, result)
@@ -171,6 +172,8 @@ def effective_config(trainer) -> dict:
         "generation": generation.to_diff_dict() if generation is not None else None,
         "lora": lora,
         "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        # PEFT keeps adapters in float32 unless a library casts them: a difference in how the update is computed
+        "trainable_dtypes": sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad}),
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
         "gradient_checkpointing": getattr(model, "is_gradient_checkpointing", None),

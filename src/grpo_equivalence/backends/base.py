@@ -66,8 +66,10 @@ class Backend:
         """GRPOConfig settings that select this backend's rollout path (nothing else)."""
         return {}
 
-    def prepare_trainer(self, trainer, spec: LoadSpec) -> None:
-        """Runs once the GRPOTrainer exists, before training: for rollout settings GRPOConfig cannot express."""
+    def prepare_trainer(self, trainer, spec: LoadSpec) -> list[str]:
+        """Runs once the GRPOTrainer exists, before training: for rollout settings GRPOConfig cannot express.
+        Returns the settings it changed, as the report names them ("generation.<key>"): rollout settings."""
+        return []
 
 
 def torch_dtype(name: str):

@@ -13,7 +13,7 @@ class StaticCacheCompiled(Backend):
     def grpo_overrides(self, options: dict) -> dict:
         return {"cache_implementation": "static"}
 
-    def prepare_trainer(self, trainer, spec) -> None:
+    def prepare_trainer(self, trainer, spec) -> list[str]:
         generation = getattr(trainer, "generation_config", None)
         if generation is None:
             raise RuntimeError("backend 'hf_static' expects TRL's GRPOTrainer to hold a generation_config for "
@@ -23,6 +23,7 @@ class StaticCacheCompiled(Backend):
         # One cache size for every call (prompt lengths vary by step): a new size would re-allocate the cache
         # and recompile the decode step.
         generation.max_cache_len = spec.max_seq_length
+        return ["generation.disable_compile", "generation.max_cache_len"]
 
 
 BACKEND = StaticCacheCompiled(
