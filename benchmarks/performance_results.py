@@ -41,9 +41,11 @@ def results(stats_dir: Path, study: dict) -> dict:
         backends[run["backend"]] = figures
     commits = {stats.load(p)["environment"].get("git_commit") for p in stats_dir.glob("grpo_*.json")
                if not p.name.endswith(".summary.json")}
-    first = next(iter(backends.values()), {})
+    # The floor of the weights every backend reads: the base model's, i.e. the least over the runs (a run whose
+    # adapters are float32 reads a little more)
+    floors = [f["bandwidth_floor_ms"] for f in backends.values() if f["bandwidth_floor_ms"]]
     return {"shape": shape, "commit": sorted(c for c in commits if c) or None,
-            "bandwidth_floor_ms": first.get("bandwidth_floor_ms"),
+            "bandwidth_floor_ms": min(floors) if floors else None,
             "settings": {k: study["grpo"][k] for k in ("per_device_train_batch_size", "num_generations",
                                                        "max_completion_length")},
             "backends": {shape: backends}}
