@@ -68,8 +68,9 @@ def main() -> None:
         for i in range(args.runs):
             if args.method == "alternate":
                 timed = [s for s in train("alternate")["steps"] if s["step"] > skip]
-                medians = {"full": statistics.median(s["wall_s"] for s in timed if s["step"] % 2 == 1),
-                           "timestamps": statistics.median(s["wall_s"] for s in timed if s["step"] % 2 == 0)}
+                # The full recorder's steps are the ones with a memory reading
+                medians = {"full": statistics.median(s["wall_s"] for s in timed if s["peak_mem_gb"] is not None),
+                           "timestamps": statistics.median(s["wall_s"] for s in timed if s["peak_mem_gb"] is None)}
             else:
                 medians = {mode: summarise(train(mode), skip)["median_step_s"]
                            for mode in (MODES if i % 2 == 0 else reversed(MODES))}
@@ -83,6 +84,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({"method": args.method, "backend": args.backend, "steps": args.steps,
                                               "gpus": args.gpus, "median_over_steps_after": skip, "runs": ratios,
                                               "median_ratio": median_ratio}, indent=1) + "\n")
+
 
 if __name__ == "__main__":
     main()

@@ -25,10 +25,10 @@ SAMPLING = {"do_sample": True, "temperature": 0.1, "top_k": 5, "top_p": 0.97, "m
 def main() -> None:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from grpo_equivalence.memory import device_bandwidth_gbs
-    from grpo_equivalence.random_model import load_architecture
+    from grpo_equivalence.random_model import load_architecture, model_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--architecture", default=str(ROOT / "studies/architectures/qwen3-4b.json"))
@@ -39,9 +39,7 @@ def main() -> None:
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
 
-    arch = load_architecture(args.architecture)
-    fields = {k: v for k, v in arch.items() if k not in ("model_type", "architectures", "torch_dtype", "dtype")}
-    config = AutoConfig.for_model(arch["model_type"], **fields)
+    config = model_config(load_architecture(args.architecture))
     torch.manual_seed(0)
     with torch.device("cuda"):
         base = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

@@ -19,5 +19,4 @@ cp results/grpo_equivalence.md "$out/" || true
 cp results/stats/*.json "$out/stats/" || true
 cp -r results/logs/. "$out/logs/"
 python3 benchmarks/performance_results.py "$out/stats" "$study" > "$out/results.json"
-python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|trl|peft|accelerate|datasets|unsloth|unsloth.zoo|vllm|snakemake|triton) " > "$out/versions.txt" || true
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$out/versions.txt" || true
+bash benchmarks/versions.sh "$out/versions.txt"

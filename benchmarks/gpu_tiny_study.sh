@@ -29,5 +29,4 @@ mkdir -p "$out/stats" "$out/compare" "$out/logs" "$out/figures"
 cp results/stats/*.json "$out/stats/" && cp results/compare/*.json "$out/compare/" || true
 cp results/figures/*.png "$out/figures/" || true
 cp -r results/logs/. "$out/logs/"
-python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|trl|peft|accelerate|datasets|unsloth|unsloth.zoo|vllm|snakemake|triton) " > "$out/versions.txt" || true
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$out/versions.txt" || true
+bash benchmarks/versions.sh "$out/versions.txt"

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 import yaml  # noqa: E402
 
-from grpo_equivalence import stats  # noqa: E402
+from grpo_equivalence import runs, stats  # noqa: E402
 from grpo_equivalence.summary import summarise  # noqa: E402
 
 FIGURES = ("median_step_s", "median_rollout_s", "median_weight_sync_s", "median_training_s", "decode_ms_per_step",
@@ -25,11 +25,11 @@ FIGURES = ("median_step_s", "median_rollout_s", "median_weight_sync_s", "median_
 
 def results(stats_dir: Path, study: dict) -> dict:
     shape = Path((study.get("random_model") or {}).get("architecture", study["model"])).stem
+    paths = [p for p in sorted(stats_dir.glob("grpo_*.json")) if not p.name.endswith(".summary.json")]
+    groups = runs.group_runs(runs.load_runs(paths))
     backends = {}
-    for path in sorted(stats_dir.glob("grpo_*.json")):
-        if path.name.endswith(".summary.json") or "_seed" in path.name:
-            continue
-        run = stats.load(path)
+    for (backend, _), group in sorted(groups.items()):
+        run = group[0]  # the study's seed
         summary = summarise(run, study.get("median_skip_steps", 3))
         figures = {key: summary.get(key) for key in FIGURES}
         figures["rollout_s"] = figures.pop("median_rollout_s")
@@ -38,9 +38,8 @@ def results(stats_dir: Path, study: dict) -> dict:
                                         if figures["decode_ms_per_step"] and figures["bandwidth_floor_ms"] else None)
         figures["steps"] = run["max_steps"]
         figures["median_over_steps"] = summary["median_over_steps"]
-        backends[run["backend"]] = figures
-    commits = {stats.load(p)["environment"].get("git_commit") for p in stats_dir.glob("grpo_*.json")
-               if not p.name.endswith(".summary.json")}
+        backends[backend] = figures
+    commits = {run["environment"].get("git_commit") for group in groups.values() for run in group}
     # The floor of the weights every backend reads: the base model's, i.e. the least over the runs (a run whose
     # adapters are float32 reads a little more)
     floors = [f["bandwidth_floor_ms"] for f in backends.values() if f["bandwidth_floor_ms"]]

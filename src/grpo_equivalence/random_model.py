@@ -22,16 +22,23 @@ def load_architecture(path) -> dict:
     return config
 
 
+def model_config(architecture: dict, **overrides):
+    """The transformers config of `architecture` (its shape; dtype and class names left to the caller)."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in architecture.items() if k not in ("model_type", "architectures", "torch_dtype", "dtype")}
+    return AutoConfig.for_model(architecture["model_type"], **{**fields, **overrides})
+
+
 def save(architecture: dict, out: Path, *, tokenizer_size: int, dtype: str, seed: int) -> int:
     """Builds the model and its tokenizer into `out`; returns the number of parameters."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     tokenizer = tiny.build_tokenizer(size=tokenizer_size)
     tokenizer.chat_template = CHAT_TEMPLATE
-    fields = {k: v for k, v in architecture.items() if k not in ("model_type", "architectures", "torch_dtype", "dtype")}
-    config = AutoConfig.for_model(architecture["model_type"], **fields, bos_token_id=None,
-                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = model_config(architecture, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)

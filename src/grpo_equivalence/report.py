@@ -9,7 +9,7 @@ from . import runs as run_files
 from . import stats as stats_io
 from . import verdict
 from .compare import COMPARED, NOT_LOGGED, compare
-from .paths import SPEED_FIGURE
+from .paths import CURVES_FIGURE, SPEED_FIGURE
 from .summary import DEFAULT_SKIP, summarise
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "report_templates" / "grpo_equivalence.md.j2"
@@ -203,8 +203,9 @@ def figures_in(folder: Path, relative_to: Path) -> dict:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder; pass the folder holding curves_<steps>.png and speed_memory.png")
     rel = lambda path: os.path.relpath(path, relative_to)  # noqa: E731
-    curves = {int(p.stem.removeprefix("curves_")): rel(p) for p in folder.glob("curves_*.png")
-              if p.stem.removeprefix("curves_").isdigit()}
+    prefix, suffix = Path(CURVES_FIGURE).name.split("{steps}")
+    curves = {int(p.name.removeprefix(prefix).removesuffix(suffix)): rel(p) for p in folder.glob(f"{prefix}*{suffix}")
+              if p.name.removeprefix(prefix).removesuffix(suffix).isdigit()}
     speed = folder / Path(SPEED_FIGURE).name
     return {"curves": curves, "speed": rel(speed) if speed.exists() else None}
 

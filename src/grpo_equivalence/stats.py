@@ -38,8 +38,8 @@ PROFILE = "profile"
 # step ends, no synchronisation, no memory: as near to no recorder as a run that is still timed can be).
 # "alternate" does the full recorder's work on odd steps only and times every step from the previous step's
 # end, so that one run holds both and their ratio is free of the run-to-run noise of two runs. The last two
-# exist to measure the full recorder's own cost (benchmarks/callback_overhead.py).
-RECORDERS = ("full", "timestamps", "alternate")
+# exist to measure the full recorder's own cost (benchmarks/callback_overhead.py). The schema's `recorder`
+# lists them.
 
 
 def make_recorder(memory_probe, synchronize=lambda: None, mode: str = "full"):
