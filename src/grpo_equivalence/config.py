@@ -116,9 +116,15 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
     what is well-formed, so that a schema error elsewhere does not hide these."""
     problems = []
     backends = [b for b in (_get(config, "backends", kind=list) or []) if isinstance(b, str)]
+    from .faults import FAULTS, split
+
     for name in backends:
-        if name not in backend_names:
-            problems.append(f"backends: unknown backend {name!r}; choose among {', '.join(backend_names)}")
+        base, fault = split(name)
+        if base not in backend_names:
+            problems.append(f"backends: unknown backend {base!r}; choose among {', '.join(backend_names)}")
+        if fault is not None and fault not in FAULTS:
+            problems.append(f"backends: {name!r} names an unknown fault {fault!r}; choose among {', '.join(FAULTS)} "
+                            f"(BACKEND+FAULT), or drop it")
     reference = _get(config, "reference", kind=str)
     if reference is not None and backends and reference not in backends:
         problems.append(

@@ -4,9 +4,10 @@ import contextlib
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import backends, environment, memory, stats
+from . import backends, environment, faults, memory, stats
 from .answer_format import CHAT_TEMPLATE
 from .data import load_problems
 from .rewards import make_reward_functions
@@ -55,26 +56,42 @@ def check_packages(backend_name: str) -> None:
     backends.get(backend_name).check_runnable(None)
 
 
-def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
-        gpu_lease: dict | None = None, log=print) -> dict:
-    """Trains and writes `out`. `model_path`/`dataset` are the config's, resolved (tiny study: built files)."""
+def seed_samplers(seed: int) -> None:
+    """Every random number generator of this process from the run's seed, once the trainer is built: a vLLM engine
+    runs in this process and seeds its generators when it starts (TRL's colocated engine with 0, whatever the
+    run's seed), so without this every seed of a vLLM backend would sample from the same random stream."""
+    from accelerate.utils import set_seed
+
+    set_seed(seed, device_specific=True)  # as TRL seeds before generating
+
+
+@dataclass
+class Session:
+    """A GRPOTrainer built for one backend as a train job builds it, with what the run records of its making."""
+    trainer: object
+    spec: backends.LoadSpec
+    device: str
+    warned: WarningLog
+    rollout_settings: list  # GRPOConfig keys and generation.<key> settings that select the backend's rollout
+    startup_began: float
+
+
+@contextlib.contextmanager
+def session(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, callbacks=(),
+            seed: int | None = None, log=print):
+    """The backend's model and GRPOTrainer as training uses them (also for the rollout check, which samples
+    through the same trainer without training). `seed` overrides the study's (a replicate's)."""
     backend = backends.get(backend_name)
     device = device_for(config["gpus_per_train_job"])
     backend.check_runnable(device)  # before anything is loaded: a missing package costs seconds, not a model load
-
-    # Start-up (imports, model load, engine start, trainer set-up) is timed on its own: vLLM's engine start
-    # takes minutes where a step takes a fraction of a second, and must not be read as training time.
     startup_began = time.perf_counter()
-    probe = memory.MemoryProbe(device)
+    grpo = {**config["grpo"], **({} if seed is None else {"seed": seed})}
     # Every warning of loading and training is kept with the run: a setting a backend ignores shows here.
     with WarningLog() as warned:
-        import torch
-
         backend.before_trl_import()
         from trl import GRPOConfig, GRPOTrainer
 
-        grpo = config["grpo"]
-        options = (config.get("backend_options") or {}).get(backend_name, {})
+        options = (config.get("backend_options") or {}).get(faults.split(backend_name)[0], {})
         spec = backends.LoadSpec(model=model_path, dtype=config["dtype"], lora=config["lora"],
                                  max_seq_length=config.get("max_seq_length", 2048), device=device, seed=grpo["seed"],
                                  gradient_checkpointing=grpo["gradient_checkpointing"], options=options)
@@ -83,44 +100,64 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         tokenizer = loaded.tokenizer
         tokenizer.chat_template = CHAT_TEMPLATE  # the study's format, whatever template the model shipped with
         problems = load_problems(dataset, system_prompt=config.get("system_prompt"), tokenizer=tokenizer)
-
         # No checkpoints are saved; the trainer's output_dir is a scratch folder, not a result.
-        scratch = tempfile.TemporaryDirectory(prefix=f"grpo_{backend_name}_{max_steps}_")
-        overrides = backend.grpo_overrides(options)
-        args = GRPOConfig(
-            output_dir=scratch.name,
-            max_steps=max_steps,
-            use_cpu=device == "cpu",
-            bf16=config["dtype"] == "bfloat16" and device == "cuda",
-            fp16=config["dtype"] == "float16" and device == "cuda",
-            **grpo,
-            **FIXED_ARGS,
-            **overrides,
-        )
-        recorder_mode = config.get("recorder", "full")
-        recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None,
-                                       mode=recorder_mode)
-        trainer = GRPOTrainer(
-            model=loaded.model,
-            processing_class=tokenizer,
-            reward_funcs=make_reward_functions(tokenizer.eos_token),
-            args=args,
-            train_dataset=problems,
-            peft_config=loaded.peft_config,
-            callbacks=[recorder],
-        )
-        prepared = backend.prepare_trainer(trainer, spec)
+        with tempfile.TemporaryDirectory(prefix=f"grpo_{backend_name}_{max_steps}_") as scratch:
+            overrides = backend.grpo_overrides(options)
+            args = GRPOConfig(
+                output_dir=scratch,
+                max_steps=max_steps,
+                use_cpu=device == "cpu",
+                bf16=config["dtype"] == "bfloat16" and device == "cuda",
+                fp16=config["dtype"] == "float16" and device == "cuda",
+                **grpo,
+                **FIXED_ARGS,
+                **overrides,
+            )
+            trainer = GRPOTrainer(
+                model=loaded.model,
+                processing_class=tokenizer,
+                reward_funcs=make_reward_functions(tokenizer.eos_token),
+                args=args,
+                train_dataset=problems,
+                peft_config=loaded.peft_config,
+                callbacks=list(callbacks),
+            )
+            prepared = backend.prepare_trainer(trainer, spec)
+            seed_samplers(grpo["seed"])
+            yield Session(trainer=trainer, spec=spec, device=device, warned=warned,
+                          rollout_settings=sorted(overrides) + sorted(prepared), startup_began=startup_began)
+
+
+def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
+        gpu_lease: dict | None = None, log=print) -> dict:
+    """Trains and writes `out`. `model_path`/`dataset` are the config's, resolved (tiny study: built files)."""
+    import torch
+
+    device = device_for(config["gpus_per_train_job"])
+    # Start-up (imports, model load, engine start, trainer set-up) is timed on its own: vLLM's engine start
+    # takes minutes where a step takes a fraction of a second, and must not be read as training time.
+    probe = memory.MemoryProbe(device)
+    recorder_mode = config.get("recorder", "full")
+    recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None,
+                                   mode=recorder_mode)
+    with session(config, backend_name, max_steps, model_path=model_path, dataset=dataset, callbacks=[recorder],
+                 log=log) as built:
+        trainer = built.trainer
         startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
         log(f"[{backend_name} x {max_steps}] training")
         started_at = time.time()
         start = time.perf_counter()
-        startup_s = start - startup_began
+        startup_s = start - built.startup_began
         with stats.trl_profiling(recorder) if recorder_mode != "timestamps" else contextlib.nullcontext():
             trainer.train()
         train_wall = time.perf_counter() - start
         finished_at = time.time()
         # After training, so that it slows no step: against it a decode step's time is judged (summary)
         bandwidth = memory.device_bandwidth_gbs() if device == "cuda" else None
+        warnings = built.warned.records()
+        config_read = {**effective_config(trainer), "rollout_settings": built.rollout_settings,
+                       "sampler_seed": config["grpo"]["seed"], "fault": faults.split(backend_name)[1]}
+        model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
 
     steps = stats.step_records(recorder.records)
     peaks = [s["peak_mem_gb"] for s in steps if s["peak_mem_gb"] is not None]
@@ -128,7 +165,7 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "schema_version": stats.SCHEMA_VERSION,
         "backend": backend_name,
         "max_steps": max_steps,
-        "seed": grpo["seed"],
+        "seed": config["grpo"]["seed"],
         "model": config["model"],
         "model_path": model_path,
         "dataset": config["dataset"]["path"],
@@ -141,17 +178,17 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "train_finished_at": finished_at,
         "peak_mem_gb": max(peaks) if peaks else None,
         # Bytes of the weights (LoRA adapters included), each read once by a decode step
-        "model_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
+        "model_bytes": model_bytes,
         "memory_measure": probe.describe(),
         "steps": steps,
         "trainer_summary": recorder.run_summary,
-        "warnings": warned.records(),
-        # GRPOConfig keys by name, settings changed on the trainer by their report name (generation.<key>)
-        "effective_config": {**effective_config(trainer), "rollout_settings": sorted(overrides) + sorted(prepared)},
+        "warnings": warnings,
+        # GRPOConfig keys by name, settings changed on the trainer by their report name (generation.<key>); the
+        # seed every sampler of the run was seeded with; an injected fault (None: the backend as it is)
+        "effective_config": config_read,
         "environment": {**environment.describe(), "gpu_lease": gpu_lease, "memory_bandwidth_gbs": bandwidth},
     }
     stats.write(out, result)
-    scratch.cleanup()
     log(f"[{backend_name} x {max_steps}] {len(steps)} steps in {train_wall:.1f} s -> {out}")
     return result
 

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from .base import Backend, Loaded, LoadSpec, torch_dtype
+from .base import UNSLOTH, Backend, Loaded, LoadSpec, torch_dtype
 
 UNSLOTH_PACKAGES = (("transformers", "transformers"), ("peft", "peft"), ("trl", "trl<=1.15.0"),
                     ("unsloth", "unsloth"), ("unsloth_zoo", "unsloth_zoo"), ("bitsandbytes", "bitsandbytes"))
@@ -12,6 +12,7 @@ UNSLOTH_PACKAGES = (("transformers", "transformers"), ("peft", "peft"), ("trl", 
 class UnslothBackend(Backend):
     fast_inference: bool = False
     needs_cuda: bool = True
+    stack: str = UNSLOTH
 
     def before_trl_import(self) -> None:
         import unsloth  # noqa: F401  (patches trl and transformers; must come before them)

@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+TRL_PEFT, UNSLOTH = "TRL + PEFT", "Unsloth"
+# Per trainer stack, the backend whose rollout is the stack's plainest: a candidate is also judged against it,
+# so that a difference of stacks is not read as a difference of rollouts
+STACK_REFERENCES = {TRL_PEFT: "hf", UNSLOTH: "unsloth_fi_false"}
+
+
 class BackendUnavailable(RuntimeError):
     """The backend cannot run where this job runs; raised before any model is loaded."""
 
@@ -40,6 +46,10 @@ class Backend:
     packages: tuple[tuple[str, str], ...] = (("transformers", "transformers"), ("peft", "peft"), ("trl", "trl"))
     needs_cuda: bool = False
     options: dict[str, str] = field(default_factory=dict)  # option name -> help
+    # The trainer the backend trains through: a difference between stacks is not a rollout difference, so
+    # each candidate is also judged against the reference of its own stack (STACK_REFERENCES)
+    stack: str = TRL_PEFT
+    fault: str | None = None  # an injected fault (WithFault), None for the backend as it is
 
     def check_runnable(self, device: str | None) -> None:
         """Raises BackendUnavailable naming what is missing and how to fix it (device None: packages only)."""
@@ -91,3 +101,19 @@ def load_with_transformers(spec: LoadSpec) -> Loaded:
     model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch_dtype(spec.dtype))
     tokenizer = AutoTokenizer.from_pretrained(spec.model)
     return Loaded(model=model, tokenizer=tokenizer, peft_config=lora_config(spec.lora))
+
+
+class WithFault:
+    """A backend with one fault injected once its trainer exists (grpo_equivalence.faults); otherwise the same."""
+
+    def __init__(self, backend: Backend, fault: str):
+        self._backend, self.fault = backend, fault
+        self.name = f"{backend.name}+{fault}"
+
+    def __getattr__(self, attribute):
+        return getattr(self._backend, attribute)
+
+    def prepare_trainer(self, trainer, spec: LoadSpec) -> list[str]:
+        from .. import faults
+
+        return self._backend.prepare_trainer(trainer, spec) + faults.inject(trainer, self.fault)

@@ -1,0 +1,133 @@
+"""Faults put in on purpose, to show that the verdicts catch a backend that samples or trains wrongly.
+
+Any backend runs with one fault when it is named `BACKEND+FAULT` in a study's `backends` (`hf+temperature_up`):
+the same loader and rollout path, with one thing changed once the trainer exists. Sampling faults change
+only what the sampler sees (TRL's GenerationConfig for transformers' paths, its VLLMGeneration's settings for
+vLLM's), never the settings the trainer scores and trains with, which is what a buggy rollout engine does.
+"""
+
+from dataclasses import dataclass
+
+SEPARATOR = "+"
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    summary: str
+    where: str  # "rollout" (the sampler) or "trainer" (a control outside the rollout)
+
+
+FAULTS = {f.name: f for f in (
+    Fault("temperature_up", "the sampler's temperature x1.1", "rollout"),
+    Fault("no_min_p", "the sampler ignores min_p", "rollout"),
+    Fault("no_top_k", "the sampler ignores top_k", "rollout"),
+    Fault("stale_policy", "completions sampled from the policy of one step before", "rollout"),
+    Fault("bf16_rollout", "adapters rounded to bfloat16 for the rollout", "rollout"),
+    Fault("no_kl", "the KL term dropped from the loss (still measured): a trainer-side control", "trainer"),
+)}
+TEMPERATURE_FACTOR = 1.1
+# beta this small drops the KL term from the loss while TRL still computes and logs the KL (it skips both at 0)
+NEGLIGIBLE_BETA = 1e-12
+
+
+def split(name: str) -> tuple[str, str | None]:
+    """"hf+no_min_p" -> ("hf", "no_min_p"); "hf" -> ("hf", None)."""
+    base, _, fault = name.partition(SEPARATOR)
+    return base, fault or None
+
+
+def check(fault: str) -> None:
+    if fault not in FAULTS:
+        raise KeyError(f"unknown fault {fault!r}; choose among {', '.join(FAULTS)} (as BACKEND+FAULT)")
+
+
+def _set_sampler(trainer, **values) -> list[str]:
+    """Sampling settings as the rollout sees them, not as the trainer scores with them. Returns what changed."""
+    changed = []
+    vllm = getattr(trainer, "vllm_generation", None)
+    if vllm is not None:
+        for key, value in values.items():
+            setattr(vllm, key, value(getattr(vllm, key)) if callable(value) else value)
+            changed.append(f"vllm_generation.{key}")
+    generation = getattr(trainer, "generation_config", None)
+    if generation is not None:
+        for key, value in values.items():
+            new = value(getattr(generation, key)) if callable(value) else value
+            setattr(generation, key, new)
+            # TRL also passes these as keyword arguments over the model's own generation config
+            if isinstance(getattr(trainer, "generation_kwargs", None), dict) and key in trainer.generation_kwargs:
+                trainer.generation_kwargs[key] = new
+            changed.append(f"generation.{key}")
+    if not changed:
+        raise RuntimeError("cannot inject a sampling fault: the trainer has neither a generation_config nor a "
+                           "vllm_generation (a TRL version this project does not know)")
+    return changed
+
+
+def _trainable(trainer) -> list:
+    return [p for p in trainer.model.parameters() if p.requires_grad]
+
+
+def _wrap_rollout(trainer, weights_for_rollout) -> None:
+    """Around each generation call, the trainable weights hold `weights_for_rollout(trainer)` (a list of tensors,
+    or None to leave them), and get their own values back afterwards: what the rollout sees, not what trains."""
+    import torch
+
+    generate = trainer._generate_single_turn
+
+    def faulty(*args, **kwargs):
+        params = _trainable(trainer)
+        swapped = weights_for_rollout(trainer, params)
+        if swapped is None:
+            return generate(*args, **kwargs)
+        with torch.no_grad():
+            own = [p.detach().clone() for p in params]
+            for p, w in zip(params, swapped, strict=True):
+                p.copy_(w)
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for p, w in zip(params, own, strict=True):
+                    p.copy_(w)
+
+    trainer._generate_single_turn = faulty
+
+
+def _stale(trainer, params):
+    """The weights of the step before: each step's first generation call keeps the weights it starts from."""
+    snapshots = trainer.__dict__.setdefault("_fault_snapshots", {})
+    step = trainer.state.global_step
+    if step not in snapshots:
+        snapshots[step] = [p.detach().clone() for p in params]
+        snapshots.pop(step - 2, None)
+    return snapshots.get(step - 1)
+
+
+def _bf16(trainer, params):
+    import torch
+
+    return [p.detach().to(torch.bfloat16).to(p.dtype) for p in params]
+
+
+def inject(trainer, fault: str) -> list[str]:
+    """Puts `fault` into a built GRPOTrainer; returns what it changed, as the report names settings."""
+    check(fault)
+    if fault == "temperature_up":
+        return _set_sampler(trainer, temperature=lambda t: t * TEMPERATURE_FACTOR)
+    if fault == "no_min_p":
+        return _set_sampler(trainer, min_p=lambda _: 0.0 if getattr(trainer, "vllm_generation", None) else None)
+    if fault == "no_top_k":
+        # vLLM's "no top-k" is -1; transformers' is 0 (None would fall back to GenerationConfig's default 50)
+        return _set_sampler(trainer, top_k=lambda _: -1 if getattr(trainer, "vllm_generation", None) else 0)
+    if fault == "stale_policy":
+        _wrap_rollout(trainer, _stale)
+        return ["fault.stale_policy"]
+    if fault == "bf16_rollout":
+        _wrap_rollout(trainer, _bf16)
+        return ["fault.bf16_rollout"]
+    if fault == "no_kl":
+        trainer.beta = NEGLIGIBLE_BETA
+        return ["fault.beta"]
+    raise AssertionError(fault)
