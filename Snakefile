@@ -13,9 +13,9 @@ include: "workflow/rules/common.smk"
 
 
 wildcard_constraints:
-    backend="|".join(BACKENDS),
-    candidate="|".join(CANDIDATES) or "none",
-    reference=REFERENCE,
+    backend="|".join(map(re.escape, BACKENDS)),
+    candidate="|".join(map(re.escape, CANDIDATES)) or "none",
+    reference=re.escape(REFERENCE),
     steps=r"\d+",
     replicate=r"(_seed\d+)?",
 
@@ -23,6 +23,7 @@ wildcard_constraints:
 include: "workflow/rules/tiny.smk"
 include: "workflow/rules/random.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/rollout.smk"
 include: "workflow/rules/analyse.smk"
 include: "workflow/rules/report.smk"
 

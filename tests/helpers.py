@@ -2,6 +2,9 @@
 
 from grpo_equivalence import stats
 
+# A rollout check of a few prompts, for the tests that exercise the workflow rather than the check itself
+SMALL_ROLLOUT_CHECK = {"prompts": 8, "prompts_per_call": 8}
+
 
 def make_stats(backend="hf", n=6, *, wall=None, loss=None, reward=None, kl=None, grad_norm=None, peak=1.0, seed=3407):
     steps = []

@@ -18,7 +18,7 @@ import yaml
 
 from conftest import ROOT
 from grpo_equivalence import runcache, stats
-from helpers import make_stats
+from helpers import SMALL_ROLLOUT_CHECK, make_stats
 
 pytestmark = pytest.mark.workflow
 
@@ -42,7 +42,7 @@ if _LOG:
 
 def study(workdir: Path, **changes) -> Path:
     config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config.update(backends=["hf", "cb_paged"])  # what is tested is the workflow's, not a backend's
+    config.update(backends=["hf", "cb_paged"], rollout_check=SMALL_ROLLOUT_CHECK)  # the workflow's, not a backend's
     config.update(changes)
     path = workdir / "study.yaml"
     path.write_text(yaml.safe_dump(config))

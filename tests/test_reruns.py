@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from helpers import SMALL_ROLLOUT_CHECK
 
 pytestmark = pytest.mark.workflow
 PROJECT_FILES = ("Snakefile", "config.yaml", "pyproject.toml", "src", "workflow", "report_templates", "studies", "envs")
@@ -52,7 +53,8 @@ def project(tmp_path_factory):
     for name in PROJECT_FILES:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, project / name)
     config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config.update(backends=["hf", "cb_paged"], steps=list(STEPS), replicates={"reference": 2, "others": 1})  # hf: 2 seeds, cb_paged: 1
+    config.update(backends=["hf", "cb_paged"], steps=list(STEPS), replicates={"reference": 2, "others": 1},  # hf: 2 seeds
+                  rollout_check=SMALL_ROLLOUT_CHECK)
     (project / "study.yaml").write_text(yaml.safe_dump(config))
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], cwd=project, check=True)
@@ -95,7 +97,9 @@ def test_one_backends_loader_changed_only_its_jobs(project, edit):
     edit("src/grpo_equivalence/backends/cb_paged.py", lambda t: t + "\n# changed\n")
     jobs = plan(project)
     assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_cb_paged_{s}.json" for s in STEPS}
-    assert rules(jobs) == {"train": 2, "summarise": 2, "compare": 2, "plot_curves": 2, "plot_speed": 1, "render_report": 1}
+    assert {out for rule, out in jobs if rule == "rollout_check"} == {"results/rollout/cb_paged.json"}
+    assert rules(jobs) == {"train": 2, "rollout_check": 1, "summarise": 2, "compare": 2, "plot_curves": 2,
+                           "plot_speed": 1, "render_report": 1}
 
 
 def test_one_backends_settings_changed_only_its_jobs(project, edit):

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from helpers import SMALL_ROLLOUT_CHECK
 
 pytestmark = pytest.mark.workflow
 STEPS = (4, 5)
@@ -53,7 +54,8 @@ def run_through_slurm(workdir: Path, *extra) -> subprocess.CompletedProcess:
 def cluster_study(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("slurm")
     config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config.update(backends=["hf", "cb_paged"], steps=list(STEPS), gpus_per_train_job=1, replicates=REPLICATES)
+    config.update(backends=["hf", "cb_paged"], steps=list(STEPS), gpus_per_train_job=1, replicates=REPLICATES,
+                  rollout_check=SMALL_ROLLOUT_CHECK)
     (workdir / "study.yaml").write_text(yaml.safe_dump(config))
     result = run_through_slurm(workdir)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]

@@ -5,6 +5,9 @@ STATS = "results/stats/grpo_{backend}_{steps}.json"  # the run with the study's 
 REPLICATE_STATS = "results/stats/grpo_{backend}_{steps}_seed{seed}.json"
 # Either of the two, as the train rule's output: {replicate} is "" or "_seed<seed>"
 RUN_STATS = "results/stats/grpo_{backend}_{steps}{replicate}.json"
+# The rollout check at fixed weights of one backend ({replicate}: "" for the study's seed, "_seed<seed>" for the
+# reference's second seed, its control)
+ROLLOUT = "results/rollout/{backend}{replicate}.json"
 SUMMARY = "results/stats/grpo_{backend}_{steps}.summary.json"
 COMPARISON = "results/compare/{candidate}_vs_{reference}_{steps}.json"
 REPORT = "results/grpo_equivalence.md"

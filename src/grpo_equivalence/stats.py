@@ -160,12 +160,17 @@ def to_json(value) -> str:
 
 
 def write(path: Path, stats: dict) -> None:
-    """Writes atomically: a crash mid-write never leaves a truncated file that looks complete."""
+    """Checks the run against the contract and writes it (write_json)."""
     check(stats, path)
+    write_json(path, stats)
+
+
+def write_json(path: Path, value) -> None:
+    """Writes atomically: a crash mid-write never leaves a truncated file that looks complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(to_json(stats))
+    tmp.write_text(to_json(value))
     os.replace(tmp, path)
 
 

@@ -1,6 +1,7 @@
 # Shared by every rule: the package on the path, the config checked, and the input functions.
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PY
 
 from grpo_equivalence import backends, paths, schedule
 from grpo_equivalence.codedeps import code_hash
+from grpo_equivalence.faults import split as fault_split
 from grpo_equivalence.report import TEMPLATE as REPORT_TEMPLATE
 from grpo_equivalence.config import SCHEMA, TINY, RANDOM, ConfigError, architecture_path, check, is_local, load_study, with_overrides
 
@@ -135,7 +137,7 @@ def get_train_inputs(wildcards):
 def train_code(wildcards):
     """The training code of this backend: the train script with what it imports, and the backend's own file
     (imported by name at run time, so named here)."""
-    return script_code("train", f"grpo_equivalence.backends.{wildcards.backend}")
+    return script_code("train", backends.module_name(wildcards.backend))
 
 
 def seed_of(wildcards):
@@ -149,8 +151,20 @@ def get_train_settings(wildcards):
     settings = {key: config.get(key) for key in keys}
     settings["grpo"] = {**config["grpo"], "seed": seed_of(wildcards)}
     # Only this backend's options: another backend's do not rerun this job.
-    settings["backend_options"] = {wildcards.backend: config.get("backend_options", {}).get(wildcards.backend, {})}
+    base = fault_split(wildcards.backend)[0]  # BACKEND+FAULT runs with its backend's options
+    settings["backend_options"] = {base: config.get("backend_options", {}).get(base, {})}
     return settings
+
+
+def get_rollout_settings(wildcards):
+    """What a rollout check depends on: the training settings at its seed, and the check's own."""
+    return {**get_train_settings(wildcards), "rollout_check": config["rollout_check"]}
+
+
+def rollout_checks():
+    """The rollout-check files of every backend at the study's seed, and the reference's at the next seed."""
+    return [paths.ROLLOUT.format(backend=b, replicate="") for b in BACKENDS] + [
+        paths.ROLLOUT.format(backend=REFERENCE, replicate=f"_seed{SEED + 1}")]
 
 
 def runs_of(backend, steps):

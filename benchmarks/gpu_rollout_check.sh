@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The rollout check on a GPU machine, through Snakemake, for every backend of the H200 example
+# (docs/examples/h200-vllm-reference: the tiny study in bfloat16, vllm the reference, both vLLM backends at
+# gpu_memory_utilization 0.3), the reference also at a second seed (the control), and one sampling fault on each
+# vLLM path (Unsloth's and TRL's), which the check must call divergent. No training.
+# Writes the study, the rollout-check files, their logs and the versions to OUTDIR.
+# Usage: benchmarks/gpu_rollout_check.sh [OUTDIR]
+set -euo pipefail
+out=${1:-results/gpu-rollout}
+mkdir -p "$out"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+python3 - "$out/study.yaml" <<'PY'
+import sys, yaml
+config = yaml.safe_load(open("studies/tiny.yaml"))
+config.update(backends=["vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm",
+                        "vllm+temperature_up", "trl_vllm+no_min_p"], reference="vllm",
+              steps=[30], gpus_per_train_job=1, dtype="bfloat16", train_threads=4)
+config["backend_options"].update(vllm={"gpu_memory_utilization": 0.3}, trl_vllm={"gpu_memory_utilization": 0.3})
+config["replicates"] = {"reference": 3, "others": 1}
+yaml.safe_dump(config, open(sys.argv[1], "w"), sort_keys=False)
+PY
+targets=$(python3 - "$out/study.yaml" <<'PY'
+import sys, yaml
+config = yaml.safe_load(open(sys.argv[1]))
+seed = config["grpo"]["seed"]
+print(" ".join([f"results/rollout/{b}.json" for b in config["backends"]] + [f"results/rollout/vllm_seed{seed + 1}.json"]))
+PY
+)
+start=$(date +%s)
+python3 -m snakemake $targets --cores 16 --resources gpu=1 --config study="$out/study.yaml" --keep-going \
+  2>&1 | tee "$out/snakemake.log" || true  # what did run is still copied below
+echo "makespan_s $(( $(date +%s) - start ))" | tee -a "$out/snakemake.log"
+mkdir -p "$out/rollout" "$out/logs"
+cp results/rollout/*.json "$out/rollout/" || true
+cp -r results/logs/rollout/. "$out/logs/" || true
+bash benchmarks/versions.sh "$out/versions.txt"

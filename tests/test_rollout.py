@@ -1,0 +1,119 @@
+"""The rollout check: its scoring on distributions whose answer is known, its verdicts, and on the tiny study
+the injected sampling faults it must catch beside a reseeded reference it must not call divergent."""
+
+import math
+
+import pytest
+
+from grpo_equivalence import faults, rollout, rollout_verdict, verdict
+
+SETTINGS = {"temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.1}
+
+
+def test_tokens_the_settings_exclude_are_outside_and_the_tolerance_spares_only_the_edge():
+    import torch
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.04, 0.01]] * 3))
+    # token 0 is inside; token 3 is the 4th (top_k 3 excludes it); token 4 is below min_p x 0.5 as well
+    scored = rollout.score_tokens(logits, torch.tensor([0, 3, 4]), SETTINGS, tolerance=1e-3, hotter=1.1)
+    assert scored["outside"] == [False, True, True] and scored["outside_clear"] == [False, True, True]
+    assert math.isfinite(scored["logq"][0]) and scored["logq"][0] == pytest.approx(math.log(0.5 / 0.95), rel=1e-5)
+    # raised by more than its distance to the third token's logit, token 3 would be inside: not clearly outside
+    spared = rollout.score_tokens(logits, torch.tensor([3]), SETTINGS, tolerance=2.0, hotter=1.1)
+    assert spared["outside"] == [True] and spared["outside_clear"] == [False]
+    # a hotter sampler draws less likely tokens: its expected score is below 0
+    assert scored["hot_shift"][0] < 0 and scored["variance"][0] > 0
+
+
+def test_the_score_of_a_correct_sampler_has_the_null_distribution_it_claims():
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn((4000, 20), generator=generator) * 2
+    q = torch.softmax(rollout.processors(SETTINGS)(torch.zeros((4000, 1), dtype=torch.long), logits.clone()), -1)
+    zs = []
+    for chunk in range(20):
+        rows = slice(chunk * 200, (chunk + 1) * 200)
+        tokens = torch.multinomial(q[rows], 1, generator=generator).squeeze(1)
+        s = rollout.score_tokens(logits[rows], tokens, SETTINGS, tolerance=1e-3, hotter=1.1)
+        assert not any(s["outside"])
+        zs.append(sum(a + b for a, b in zip(s["logq"], s["entropy"], strict=True)) / math.sqrt(sum(s["variance"])))
+    mean = sum(zs) / len(zs)
+    assert abs(mean) < 3 / math.sqrt(len(zs)) and 0.4 < sum(z * z for z in zs) / len(zs) < 2.0, zs
+
+
+def _run(backend, seed, outside=0, score=0.0, tokens=10, completions=40, reward=1.0):
+    """A rollout-check file in the shape rollout.check writes."""
+    return {"schema_version": rollout.SCHEMA_VERSION, "backend": backend, "seed": seed, "sampling": SETTINGS,
+            "fault": faults.split(backend)[1],
+            "completions": [{"prompt": i // 2, "tokens": tokens, "reward": reward + (i % 3) * 0.5, "score": score,
+                             "variance": 2.0, "hot_shift": -0.5, "scored": tokens - (outside if i == 0 else 0),
+                             "outside": outside if i == 0 else 0, "outside_clear": outside if i == 0 else 0}
+                            for i in range(completions)]}
+
+
+def test_more_tokens_outside_the_support_is_divergent_and_holm_runs_over_the_family():
+    reference = _run("hf", 1)
+    comparisons = [rollout_verdict.compare(reference, _run("hf+no_top_k", 2, outside=30), alpha=0.05,
+                                           support_margin=0.001, margin_sd=0.1),
+                   rollout_verdict.compare(reference, _run("hf", 3), alpha=0.05, support_margin=0.001, margin_sd=0.1)]
+    rollout_verdict.finalize(comparisons, 0.05)
+    faulty, same = comparisons
+    assert faulty["tests"]["support"]["verdict"] == verdict.DIVERGENT and faulty["verdict"] == verdict.DIVERGENT
+    assert faulty["fault"] == "no_top_k" and faulty["family_size"] == 4
+    assert same["tests"]["support"]["p_value"] == 1.0 and same["verdict"] != verdict.DIVERGENT
+    with pytest.raises(ValueError, match="different sampling settings"):
+        rollout_verdict.compare(reference, dict(_run("hf", 4), sampling={**SETTINGS, "top_k": 5}), alpha=0.05,
+                                support_margin=0.001, margin_sd=0.1)
+
+
+def test_an_unknown_fault_is_refused_with_the_list():
+    from grpo_equivalence import backends
+
+    with pytest.raises(KeyError, match="unknown fault 'colder'.*temperature_up"):
+        backends.get("hf+colder")
+    assert backends.get("hf+no_min_p").name == "hf+no_min_p" and backends.get("hf+no_min_p").stack == "TRL + PEFT"
+
+
+@pytest.fixture(scope="module")
+def checks(primed, tiny_study, tmp_path_factory):
+    """The tiny study's rollout check (its own settings) of hf at two seeds and of hf with each sampling fault."""
+    import copy
+
+    import torch
+
+    torch.set_num_threads(2)
+    config = copy.deepcopy(tiny_study)
+    config["rollout_check"] = {"rounds": 1, "prompts_per_call": None, "tolerance": None, "temperature_margin": 0.1,
+                               **tiny_study["rollout_check"]}
+    out = tmp_path_factory.mktemp("rollout")
+    runs = {}
+    for name, seed in [("hf", 11), ("hf", 12), *[(f"hf+{f}", 13 + i) for i, f in enumerate(
+            ("temperature_up", "no_min_p", "no_top_k"))]]:
+        runs[(name, seed)] = rollout.check(config, name, model_path=primed["model"], dataset=primed["dataset"],
+                                           out=out / f"{name}_{seed}.json", seed=seed, log=lambda message: None)
+    return runs
+
+
+@pytest.mark.workflow
+def test_the_rollout_check_catches_every_sampling_fault_and_not_a_reseeded_reference(checks):
+    reference = checks[("hf", 11)]
+    others = [checks[("hf", 12)], *[checks[(f"hf+{f}", 13 + i)] for i, f in enumerate(
+        ("temperature_up", "no_min_p", "no_top_k"))]]
+    comparisons = [rollout_verdict.compare(reference, other, alpha=0.05, support_margin=0.001, margin_sd=0.1)
+                   for other in others]
+    rollout_verdict.finalize(comparisons, 0.05)
+    control, *faulty = comparisons
+    assert control["verdict"] != verdict.DIVERGENT, control["tests"]
+    for comparison in faulty:
+        assert comparison["verdict"] == verdict.DIVERGENT, (comparison["candidate"], comparison["tests"])
+    # the faults change the sampler only: the trainer scored with the study's settings
+    assert all(c["sampling"] == reference["sampling"] for c in checks.values())
+
+
+@pytest.mark.workflow
+def test_two_seeds_sample_differently_from_the_same_weights_and_prompts(checks):
+    one, two = checks[("hf", 11)], checks[("hf", 12)]
+    assert [c["prompt"] for c in one["completions"]] == [c["prompt"] for c in two["completions"]]
+    assert [c["score"] for c in one["completions"]] != [c["score"] for c in two["completions"]]
+    assert (one["seed"], two["seed"]) == (11, 12)

@@ -1,0 +1,30 @@
+# The rollout check at fixed weights: each backend samples the same prompts from the study's model with a fresh
+# adapter through its own rollout path, and the trainer scores every sampled token (grpo_equivalence.rollout).
+# No training: minutes, where the training verdict needs runs. The reference is checked with a second seed too,
+# the control that shows how a correct sampler compares with itself.
+
+
+rule rollout_check:
+    input:
+        unpack(get_train_inputs),
+    output:
+        paths.ROLLOUT,
+    params:
+        settings=lambda wildcards: job_args(
+            config=get_rollout_settings(wildcards),
+            backend=wildcards.backend,
+            model_path=model_path(),
+            dataset=dataset_spec(),
+        ),
+        script=entry_point("rollout_check"),
+        code=lambda wildcards: script_code("rollout_check", backends.module_name(wildcards.backend)),
+        io=lambda wildcards, input, output, threads: io_args(out=output[0], threads=threads),
+    resources:
+        gpu=config["gpus_per_train_job"],
+    threads: config.get("train_threads", 1)
+    conda:
+        train_env()
+    log:
+        log_for("rollout/{backend}{replicate}"),
+    shell:
+        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
