@@ -1,13 +1,16 @@
 """How the verdict behaves on synthetic runs whose answer is known (grpo_equivalence.calibration).
 
-For several numbers of runs per backend (reference / candidate), prints:
+Runs of both backends share seeds (the study's design: half of a seed's effect on a run is the same for both
+backends' runs of that seed), and are judged in pairs at the planned looks (verdict.LOOKS, alpha split between
+them). For several numbers of runs per backend, prints:
 - how often a candidate that is another seed of the reference is called divergent on at least one of six
   metrics judged together (the family-wise false alarm; target: at most alpha = 5 %);
 - how often it is called equivalent on one metric (the chance to confirm equivalence when it holds);
 - how often a candidate shifted by exactly the margin is called equivalent (false equivalence; target: at
   most 5 %);
 - the shift of the mean, in standard deviations of a run's mean, that is called divergent in 80 % of trials
-  (power), with six metrics judged together.
+  (power), with six metrics judged together;
+and the planned looks taken as a user takes them (runs added, judged at each look until a verdict).
 
     python benchmarks/verdict_calibration.py [TRIALS]   (default 4000; the shift search uses TRIALS / 4)
 """
@@ -22,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from grpo_equivalence import calibration, verdict  # noqa: E402
 
 METRICS = 6  # loss, reward, kl, grad_norm, completion_length, entropy
-DESIGNS = ((3, 1), (3, 3), (5, 5), (8, 8))
+DESIGNS = tuple((n, n) for n in verdict.LOOKS)
 
 
 def main() -> None:
@@ -44,6 +47,11 @@ def main() -> None:
         print(f"{k}/{m} | {100 * false_alarm:.1f} % | {100 * same[verdict.EQUIVALENT]:.1f} % | "
               f"{100 * margin[verdict.EQUIVALENT]:.1f} % | {shift if shift is not None else '> 20'} "
               f"({time.perf_counter() - start:.0f} s)", flush=True)
+    same = calibration.sequential_rates(process, shift_sd=0.0, trials=trials)
+    margin = calibration.sequential_rates(process, shift_sd=at_margin, trials=trials)
+    print(f"looks {'/'.join(map(str, verdict.LOOKS))}, stop at the first verdict | divergent, same process: "
+          f"{100 * same[verdict.DIVERGENT]:.1f} % | equivalent, same process: {100 * same[verdict.EQUIVALENT]:.1f} % | "
+          f"equivalent at the margin: {100 * margin[verdict.EQUIVALENT]:.1f} %", flush=True)
 
 
 if __name__ == "__main__":

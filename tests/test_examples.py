@@ -63,3 +63,26 @@ def test_performance_results_come_from_their_statistics():
             assert isinstance(f[key], float) and f[key] > 0, key
     assert committed["bandwidth_floor_ms"] > 1 and committed["commit"]
     assert module.markdown(committed) in (folder / "README.md").read_text()
+
+
+def test_the_h200_rollout_check_covers_every_backend_and_its_report_section_comes_from_its_files():
+    from helpers import tables_headed
+
+    from grpo_equivalence import report as report_module
+    from grpo_equivalence import rollout
+
+    example = ROOT / "docs" / "examples" / "h200-vllm-reference"
+    checks = [rollout.load(p) for p in sorted((example / "rollout").glob("*.json"))]
+    backends = {c["backend"] for c in checks if c["fault"] is None}
+    assert backends == {"vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm"}
+    assert all(c["environment"]["gpu_name"] == "NVIDIA H200" for c in checks)
+    # the vLLM backends report their own log-probabilities: the mismatch is there, and only there
+    assert {c["backend"] for c in checks if c["mismatch"]} == {"vllm", "trl_vllm", "vllm+temperature_up",
+                                                                 "trl_vllm+no_min_p"}
+    section = report_module.rollout_section(checks, "vllm")
+    verdicts = {c["label"]: c["verdict"] for c in section["comparisons"]}
+    assert verdicts["vllm+temperature_up"] == verdicts["trl_vllm+no_min_p"] == "divergent"  # the faults are caught
+    assert verdicts["vllm (seed 3408)"] != "divergent"  # the control is not
+    rows = tables_headed((example / "grpo_equivalence.md").read_text(), "Backend", "support")[0]
+    assert {row["Backend"].split(" (")[0]: row["Rollout verdict"].strip("*") for row in rows} == \
+        {label.split(" (")[0]: verdict for label, verdict in verdicts.items()}

@@ -77,14 +77,18 @@ def test_runs_of_different_length_fail():
 
 def test_replicates_give_a_noise_floor_and_verdicts():
     refs = [make_stats("vllm", 6, seed=3407 + i, reward=lambda t, i=i: 2.0 + 0.1 * i + 0.01 * t) for i in range(3)]
-    same = [make_stats("hf", 6, reward=lambda t: 2.1 + 0.01 * t)]
-    shifted = [make_stats("hf", 6, reward=lambda t: 9.0 + 0.01 * t)]
+    same = [make_stats("hf", 6, seed=3407 + i, reward=lambda t, i=i: 2.0 + 0.1 * i + 0.001 * i + 0.01 * t)
+            for i in range(3)]
+    shifted = [make_stats("hf", 6, seed=3407 + i, reward=lambda t, i=i: 9.0 + 0.1 * i + 0.01 * t) for i in range(3)]
     result = compare(refs, same)
-    assert result["reference_seeds"] == [3407, 3408, 3409] and result["candidate_seeds"] == [3407]
+    assert result["reference_seeds"] == [3407, 3408, 3409] and result["candidate_seeds"] == [3407, 3408, 3409]
     assert result["metrics"]["reward"]["seed_floor"] == pytest.approx((0.1 + 0.2 + 0.1) / 3)
-    assert result["metrics"]["reward"]["verdict"]["verdict"] == "equivalent"  # the reference seeds' mean exactly
+    reward = result["metrics"]["reward"]["verdict"]
+    assert reward["verdict"] == "equivalent" and reward["design"] == "paired by seed"  # the same seeds, nearly the same
     assert compare(refs, shifted)["metrics"]["reward"]["verdict"]["verdict"] == "divergent"
-    # six metrics are logged, so the divergence test runs at alpha / 6
+    # one candidate run is before the first planned look: inconclusive, with the look it waits for
+    one = compare(refs, same[:1])["metrics"]["reward"]["verdict"]
+    assert one["verdict"] == "inconclusive" and one["next_runs"] == 3
     assert result["metrics_judged"] == ["loss", "reward", "kl", "grad_norm", "completion_length", "entropy"]
 
 

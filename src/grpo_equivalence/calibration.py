@@ -2,9 +2,10 @@
 process divergent (at most alpha), and how large a shift of the mean it detects.
 
 A synthetic run is a metric's per-step series: a trend shared by every run, a per-run offset (what a seed
-changes for a whole run: its LoRA initialisation, its early samples) and step noise that carries over from
-step to step (AR(1)), as training metrics do. The candidate's runs add `shift` standard deviations of a run
-mean to every step.
+changes for a whole run: its LoRA initialisation, its prompts' order, its early samples), of which the share
+`shared` is the seed's own and the same for both backends' runs of that seed, and step noise that carries over
+from step to step (AR(1)), as training metrics do. The candidate's runs add `shift` standard deviations of a
+run mean to every step. Runs of the two backends with the same index share the seed (the study's design).
 """
 
 import math
@@ -21,14 +22,28 @@ class Process:
     run_sd: float = 0.5  # per-run offset
     step_sd: float = 1.0  # step noise
     carry: float = 0.5  # AR(1) coefficient of the step noise
+    shared: float = 0.5  # share of the per-run offset's variance that a seed gives both backends' runs alike
 
-    def run(self, rng: random.Random, shift: float = 0.0) -> list[float]:
-        offset = rng.gauss(0, self.run_sd)
+    def run(self, rng: random.Random, shift: float = 0.0, seed_offset: float | None = None) -> list[float]:
+        """One run; `seed_offset`: its seed's shared offset (None: a seed of its own)."""
+        if seed_offset is None:
+            seed_offset = self.seed_offset(rng)
+        offset = seed_offset + rng.gauss(0, self.run_sd * math.sqrt(1 - self.shared))
         noise, values = 0.0, []
         for t in range(self.steps):
             noise = self.carry * noise + rng.gauss(0, self.step_sd * math.sqrt(1 - self.carry ** 2))
             values.append(1.0 + 0.05 * t + offset + noise + shift)
         return values
+
+    def seed_offset(self, rng: random.Random) -> float:
+        return rng.gauss(0, self.run_sd * math.sqrt(self.shared))
+
+    def pair(self, rng: random.Random, reference_runs: int, candidate_runs: int, shift: float = 0.0):
+        """Run means of both backends, seeds 0, 1, ... shared: (reference, candidate)."""
+        seeds = [self.seed_offset(rng) for _ in range(max(reference_runs, candidate_runs))]
+        reference = [statistics.fmean(self.run(rng, 0.0, seeds[i])) for i in range(reference_runs)]
+        candidate = [statistics.fmean(self.run(rng, shift, seeds[i])) for i in range(candidate_runs)]
+        return reference, candidate
 
     def run_mean_sd(self) -> float:
         """The standard deviation of a run's mean over its steps (the unit shifts are given in)."""
@@ -45,10 +60,10 @@ def rates(process: Process, *, shift_sd: float, reference_runs: int, candidate_r
     rng = random.Random(seed)
     shift = shift_sd * process.run_mean_sd()
     counts = dict.fromkeys((verdict.EQUIVALENT, verdict.DIVERGENT, verdict.INCONCLUSIVE), 0)
+    seeds = dict(reference_seeds=list(range(reference_runs)), candidate_seeds=list(range(candidate_runs)))
     for _ in range(trials):
-        reference = [statistics.fmean(process.run(rng)) for _ in range(reference_runs)]
-        candidate = [statistics.fmean(process.run(rng, shift)) for _ in range(candidate_runs)]
-        counts[verdict.judge(reference, candidate, alpha=alpha, margin=margin, tests=tests)["verdict"]] += 1
+        reference, candidate = process.pair(rng, reference_runs, candidate_runs, shift)
+        counts[verdict.judge(reference, candidate, alpha=alpha, margin=margin, tests=tests, **seeds)["verdict"]] += 1
     return {name: count / trials for name, count in counts.items()}
 
 
@@ -57,14 +72,11 @@ def any_divergent_rate(process: Process, *, metrics: int, reference_runs: int, c
     """How often a candidate that is another seed of the reference is called divergent on at least one of
     `metrics` independent metrics judged together."""
     rng = random.Random(seed)
+    seeds = dict(reference_seeds=list(range(reference_runs)), candidate_seeds=list(range(candidate_runs)))
     hits = 0
     for _ in range(trials):
-        for _ in range(metrics):
-            reference = [statistics.fmean(process.run(rng)) for _ in range(reference_runs)]
-            candidate = [statistics.fmean(process.run(rng)) for _ in range(candidate_runs)]
-            if verdict.judge(reference, candidate, tests=metrics)["verdict"] == verdict.DIVERGENT:
-                hits += 1
-                break
+        judged = [verdict.judge(*process.pair(rng, reference_runs, candidate_runs), **seeds) for _ in range(metrics)]
+        hits += any(v["verdict"] == verdict.DIVERGENT for v in verdict.finalize(judged))
     return hits / trials
 
 
@@ -78,3 +90,23 @@ def detected_shift(process: Process, *, reference_runs: int, candidate_runs: int
                  trials=trials, seed=seed, tests=tests)[verdict.DIVERGENT] >= power:
             return shift
     return None
+
+
+def sequential_rates(process: Process, *, shift_sd: float, trials: int, seed: int = 0, alpha: float = verdict.ALPHA,
+                     margin: float = verdict.MARGIN) -> dict[str, float]:
+    """The planned looks as a user takes them (verdict.LOOKS): runs of both backends with shared seeds are added
+    and judged at each look until one gives a verdict. The share of trials ending in each verdict."""
+    rng = random.Random(seed)
+    shift = shift_sd * process.run_mean_sd()
+    last = verdict.LOOKS[-1]
+    counts = dict.fromkeys((verdict.EQUIVALENT, verdict.DIVERGENT, verdict.INCONCLUSIVE), 0)
+    for _ in range(trials):
+        reference, candidate = process.pair(rng, last, last, shift)
+        outcome = verdict.INCONCLUSIVE
+        for n in verdict.LOOKS:
+            outcome = verdict.judge(reference[:n], candidate[:n], alpha=alpha, margin=margin,
+                                    reference_seeds=list(range(n)), candidate_seeds=list(range(n)))["verdict"]
+            if outcome != verdict.INCONCLUSIVE:
+                break
+        counts[outcome] += 1
+    return {name: count / trials for name, count in counts.items()}

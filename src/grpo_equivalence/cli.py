@@ -68,6 +68,8 @@ def report_main(argv=None):
     parser.add_argument("--template", type=Path, default=report.TEMPLATE, help="Jinja template (default: %(default)s)")
     parser.add_argument("--figures", help="link the workflow's figures found in this folder (curves_<steps>.png, "
                         "speed_memory.png)")
+    parser.add_argument("--rollout", help="judge the rollout checks found in this folder (<backend>[_seed<seed>].json, "
+                        "the workflow's results/rollout)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     args = parser.parse_args(argv)
     if not args.template.exists():
@@ -76,4 +78,17 @@ def report_main(argv=None):
     report_dir = Path(args.output).parent if args.output else Path.cwd()
     _run(lambda: _write(report.from_stats_dir(
         Path(args.stats_dir), args.reference, args.skip, args.template, alpha=args.alpha, margin=args.margin,
-        figures=report.figures_in(Path(args.figures), report_dir) if args.figures else None), args.output, args.force))
+        figures=report.figures_in(Path(args.figures), report_dir) if args.figures else None,
+        rollout=_rollout_dir(args.rollout, args.reference, args.alpha)), args.output, args.force))
+
+
+def _rollout_dir(folder: str | None, reference: str, alpha: float) -> dict | None:
+    """The rollout section of the report from a folder of rollout-check files (None: no folder given)."""
+    if folder is None:
+        return None
+    paths = sorted(Path(folder).glob("*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no rollout-check files (<backend>.json) in {folder}")
+    from . import rollout
+
+    return report.rollout_section([rollout.load(p) for p in paths], reference, alpha=alpha)

@@ -51,9 +51,10 @@ def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: fl
             **step_differences(reference, candidate, metric),
             # mean over steps of the mean distance between two reference seeds at a step (None: < 2 seeds)
             "seed_floor": statistics.fmean(floor["pairwise_abs_diff"]) if floor else None,
-            "verdict": verdict.judge_runs(reference_runs, candidate_runs, metric, alpha=alpha, margin=margin,
-                                          tests=max(1, len(logged))),
+            "verdict": verdict.judge_runs(reference_runs, candidate_runs, metric, alpha=alpha, margin=margin),
         }
+    # Holm over the metrics of this comparison (a report corrects again over all of its comparisons)
+    verdict.finalize([metrics[m]["verdict"] for m in COMPARED])
     return {"reference": reference["backend"], "candidate": candidate["backend"], "max_steps": reference["max_steps"],
             "steps_compared": len(reference["steps"]), "reference_seeds": [r["seed"] for r in reference_runs],
             "candidate_seeds": [r["seed"] for r in candidate_runs], "alpha": alpha, "margin": margin,

@@ -5,6 +5,8 @@ import json
 import re
 from pathlib import Path
 
+from . import rollout as rollout_files
+from . import rollout_verdict
 from . import runs as run_files
 from . import stats as stats_io
 from . import verdict
@@ -30,9 +32,29 @@ def confounds(runs: list[dict]) -> list[dict]:
     return list(found.values())
 
 
-def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, reference: str) -> list[dict]:
+def stack_comparisons(groups: dict, steps: int, reference: str, *, alpha: float, margin: float) -> list[dict]:
+    """Each candidate whose trainer stack is not the reference's, against the reference of its own stack where the
+    study ran it: what is left of a difference once the stack is the same is the rollout's."""
+    from .backends import STACK_REFERENCES, stack
+
+    found = []
+    for (backend, n), group in sorted(groups.items()):
+        own = STACK_REFERENCES.get(stack(backend))
+        if n != steps or backend == reference or stack(backend) == stack(reference) or own in (None, backend):
+            continue
+        if (own, steps) in groups:
+            found.append(compare(groups[(own, steps)], group, alpha=alpha, margin=margin))
+    return found
+
+
+def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, reference: str, *,
+                alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN) -> list[dict]:
     """Per step count: the runs' summaries with % of the reference's speed, the comparisons with their
-    verdicts, the confounds of each candidate, and the settings that differ between the backends."""
+    verdicts, the confounds of each candidate, each candidate against the reference of its own trainer stack,
+    and the settings that differ between the backends. Every verdict of the report is then corrected together
+    (Holm over the whole family)."""
+    from .backends import stack
+
     tables = []
     for steps in sorted({s["max_steps"] for s in summaries}):
         rows = sorted((s for s in summaries if s["max_steps"] == steps), key=lambda s: (s["backend"] != reference, s["backend"]))
@@ -46,9 +68,13 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
         for pair in pairs:
             pair["confounds"] = confounds(runs.get(pair["candidate"], [])) + reference_confounds
         primaries = [group[0] for group in runs.values()]
+        stacked = stack_comparisons(groups, steps, reference, alpha=alpha, margin=margin)
         tables.append({"steps": steps, "rows": table_rows, "pairs": pairs, "differing": differing_settings(primaries),
+                       "stack_pairs": stacked, "stacks": {b: stack(b) or NOT_RECORDED for b in sorted(runs)},
                        "backends": sorted(runs), "mismatch": any(row.get("sampler_mismatch") for row in rows),
                        "seeds": {backend: [r["seed"] for r in group] for backend, group in sorted(runs.items())}})
+    verdict.finalize([pair["metrics"][m]["verdict"] for table in tables for pair in table["pairs"] + table["stack_pairs"]
+                      for m in COMPARED])
     return tables
 
 
@@ -130,6 +156,36 @@ def differing_settings(runs: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda row: (row["rollout"], row["setting"]))
 
 
+ROLLOUT_DEFAULTS = {"support_margin": 0.001, "margin": 0.1}  # the schema's defaults of rollout_check
+
+
+def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdict.ALPHA, settings: dict | None = None) -> dict | None:
+    """The rollout check's verdicts: every candidate's file against the reference's at the study's seed, and the
+    reference at another seed against it (the control), judged together (rollout_verdict). None: no checks."""
+    if not checks:
+        return None
+    settings = {**ROLLOUT_DEFAULTS, **(settings or {})}
+    references = sorted((c for c in checks if c["backend"] == reference), key=lambda c: c["seed"])
+    if not references:
+        raise stats_io.StatsError(f"no rollout check of the reference {reference!r}; backends checked: "
+                                  f"{sorted({c['backend'] for c in checks})}")
+    base = references[0]
+    others = sorted((c for c in checks if c["backend"] != reference), key=lambda c: c["backend"]) + references[1:]
+    comparisons = [rollout_verdict.compare(base, other, alpha=alpha, support_margin=settings["support_margin"],
+                                           margin_sd=settings["margin"]) for other in others]
+    for comparison, other in zip(comparisons, others, strict=True):
+        comparison["control"] = other["backend"] == reference
+        comparison["label"] = f"{reference} (seed {other['seed']})" if comparison["control"] else other["backend"]
+    rollout_verdict.finalize(comparisons, alpha)
+    return {"reference": reference, "reference_seed": base["seed"], "comparisons": comparisons,
+            "tests": rollout_verdict.TESTS, "settings": settings, "sampling": base["sampling"],
+            "prompts": base["prompts"], "generations": base["generations"], "tolerance": base["tolerance"],
+            "temperature_margin": base["temperature_margin"],
+            "own": [{"backend": c["backend"], "seed": c["seed"], "tokens": sum(x["tokens"] for x in c["completions"]),
+                     "wall_s": c.get("wall_s"), "sample_s": c.get("sample_s"), "mismatch": c.get("mismatch")}
+                    for c in [base, *others]]}
+
+
 def reference_run(runs: list[dict], reference: str) -> dict:
     """The reference backend's shortest run: where the report takes the study's settings from."""
     candidates = [r for r in runs if r["backend"] == reference]
@@ -175,9 +231,10 @@ def _num(value, digits: int = 3) -> str:
 
 
 def render(*, summaries: list[dict], comparisons: list[dict], reference: str, runs: dict, figures: dict | None = None,
-           template: Path = TEMPLATE) -> str:
+           template: Path = TEMPLATE, rollout: dict | None = None, alpha: float = verdict.ALPHA,
+           margin: float = verdict.MARGIN) -> str:
     """`runs`: {path: stats} of every run (all seeds); `figures`: {"curves": {steps: path}, "speed": path}, paths
-    relative to the report's folder, or None where no figure was made."""
+    relative to the report's folder, or None where no figure was made; `rollout`: rollout_section's result."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(template).parent)), undefined=jinja2.StrictUndefined,
@@ -188,10 +245,11 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     groups = run_files.group_runs(runs)
     primaries = [group[0] for group in groups.values()]
     return env.get_template(Path(template).name).render(
-        reference=reference, tables=step_tables(summaries, comparisons, groups, reference), metrics=COMPARED,
+        reference=reference, tables=step_tables(summaries, comparisons, groups, reference, alpha=alpha, margin=margin),
+        metrics=COMPARED, summaries={m: text for m, (text, _) in verdict.SUMMARIES.items()}, looks=verdict.LOOKS,
         verdicts=verdict, not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, figures=figures or {},
         settings=study_settings(reference_run(primaries, reference)), warnings=warnings_by_backend(list(runs.values())),
-        backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)))
+        backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)), rollout=rollout)
 
 
 def figures_in(folder: Path, relative_to: Path) -> dict:
@@ -211,7 +269,8 @@ def figures_in(folder: Path, relative_to: Path) -> dict:
 
 
 def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE, *,
-                   alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, figures: dict | None = None) -> str:
+                   alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, figures: dict | None = None,
+                   rollout: dict | None = None) -> str:
     """The report of every statistics file in `stats_dir` (grpo_<backend>_<steps>[_seed<seed>].json), as grpo-report
     makes it: each backend's runs of one step count are its seeds, the reference's measure the noise floor."""
     stats_dir = Path(stats_dir)
@@ -227,4 +286,4 @@ def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, te
     comparisons = [compare(groups[(reference, steps)], group, alpha=alpha, margin=margin)
                    for (backend, steps), group in groups.items() if backend != reference and (reference, steps) in groups]
     return render(summaries=summaries, comparisons=comparisons, reference=reference, runs=runs, template=template,
-                  figures=figures)
+                  figures=figures, rollout=rollout, alpha=alpha, margin=margin)

@@ -2,18 +2,23 @@
 that reseeding alone causes.
 
 The unit of evidence is the run (one seed), not the step: the steps of one run share its seed's fate (its
-LoRA initialisation, its early samples), so they are not independent evidence. Each run is summarised per
-metric by its mean over all its steps, and the runs of different seeds give the seed-to-seed standard
-deviation s of that mean (pooled over both backends, Student's t with k + m - 2 degrees of freedom for k
-reference and m candidate runs). With d the difference of the two backends' mean run means:
+LoRA initialisation, its prompts' order, its early samples), so they are not independent evidence. Each run is
+summarised per metric by a summary fixed in advance (SUMMARIES: the mean over all steps; for KL, which grows,
+the log of its mean over the last third; for grad_norm the log of its mean), and the runs of different seeds
+give the seed-to-seed standard deviation s of that summary (pooled over both backends). The margin is
+`margin` x sqrt(2) x s: what two seeds of one backend differ by.
 
-- equivalent: Wellek's exact t-test of equivalence rejects |d| >= margin x sqrt(2) x s (a difference as large
-  as `margin` standard deviations of the difference between two seeds) at `alpha`;
-- divergent: otherwise, if Student's two-sided t-test rejects d = 0 at alpha / tests (Bonferroni over the
-  metrics judged together, so that a backend that is another seed of the reference is called divergent on
-  any of them at most alpha of the time);
-- inconclusive: neither, with the number of runs per backend that would settle it if the difference and
-  the noise stayed as measured; also with fewer than two reference runs (no noise floor to judge against);
+- Runs that share seeds (the same prompts' order and LoRA initialisation for both backends) are compared in
+  pairs: the difference per shared seed, a paired t-test; seed effects cancel, so the same margin is reached
+  with fewer runs. Without shared seeds, the two backends' means are compared (Wellek's exact equivalence
+  test, its bound from the non-central F distribution, finite everywhere).
+- Looks are planned in advance (LOOKS: 3, 5, 8 and 12 runs per backend) and alpha is split between them, so
+  that adding runs until a verdict appears keeps both error rates at alpha. The verdict at n runs uses the
+  alpha of the last planned look at or below n, and says when the next look is and its power.
+- equivalent: the equivalence test rejects |d| >= margin at the look's alpha;
+- divergent: otherwise, if the test of d = 0 rejects at the look's alpha after Holm's correction over the
+  family judged together (the metrics of one comparison here; every metric of every candidate in a report);
+- inconclusive: neither; also with fewer than 2 runs of the reference and fewer than 2 shared seeds;
 - not logged: a run lacks the metric (never 0).
 
 A NaN, a missing step or runs of different lengths are errors (StatsError), never a verdict.
@@ -30,7 +35,38 @@ METRICS = tuple(METRIC_KEYS)  # the metrics judged, in the report's column order
 EQUIVALENT, DIVERGENT, INCONCLUSIVE, NOT_LOGGED = "equivalent", "divergent", "inconclusive", "not logged"
 ALPHA = 0.05
 MARGIN = 1.0  # in standard deviations of a seed-to-seed difference
-MAX_RUNS = 200  # beyond this, "more runs" is no advice
+LOOKS = (3, 5, 8, 12)  # runs per backend at which a verdict is planned; alpha is split equally between them
+POWER_LEVEL = 0.8
+
+
+def _log_mean(values: list[float]) -> float:
+    return math.log(max(statistics.fmean(values), 1e-12))
+
+
+def _last_third(values: list[float]) -> list[float]:
+    return values[len(values) - max(1, len(values) // 3):]
+
+
+# How a run is summarised per metric, fixed before any run is seen: (what the report says, the function).
+SUMMARIES = {
+    "loss": ("mean over steps", statistics.fmean),
+    "reward": ("mean over steps", statistics.fmean),
+    "kl": ("log of the mean over the last third of steps", lambda v: _log_mean(_last_third(v))),
+    "grad_norm": ("log of the mean over steps", _log_mean),
+    "completion_length": ("mean over steps", statistics.fmean),
+    "entropy": ("mean over steps", statistics.fmean),
+}
+
+
+def summary(metric: str, values: list[float]) -> float:
+    return SUMMARIES.get(metric, SUMMARIES["loss"])[1](values)
+
+
+def look(runs: int, alpha: float = ALPHA) -> dict:
+    """The planned look a verdict at `runs` runs per backend belongs to, its alpha, and the next look."""
+    index = sum(1 for n in LOOKS if n <= runs)
+    return {"look": index, "looks": len(LOOKS), "alpha": alpha / len(LOOKS),
+            "next_runs": LOOKS[index] if index < len(LOOKS) else None}
 
 
 @lru_cache(maxsize=4096)
@@ -49,83 +85,118 @@ def _two_sided_p(t_value: float, df: int) -> float:
 @lru_cache(maxsize=4096)
 def equivalence_bound(df: int, noncentrality: float, alpha: float) -> float:
     """Wellek's critical value C: |T| < C shows equivalence, where P(|T| < C) = alpha for T following the
-    noncentral t of `df` degrees of freedom at the margin's noncentrality."""
-    from scipy.optimize import brentq
-    from scipy.stats import nct
+    noncentral t of `df` degrees of freedom at the margin's noncentrality. T^2 follows the noncentral F(1, df)
+    with noncentrality noncentrality^2, whose quantile is finite where the noncentral t's cdf is not."""
+    from scipy.stats import ncf
 
-    def coverage(c):
-        return nct.cdf(c, df, noncentrality) - nct.cdf(-c, df, noncentrality) - alpha
-
-    high = noncentrality + 1.0
-    while not coverage(high) > 0:  # widen until the interval holds more than alpha
-        high *= 2
-    return float(brentq(coverage, 0.0, high))
+    return float(math.sqrt(ncf.ppf(alpha, 1, df, noncentrality ** 2)))
 
 
-def _settles(effect: float, k: int, m: int, *, alpha: float, margin: float, tests: int) -> str | None:
-    """The verdict that k reference and m candidate runs give for a standardised difference `effect`."""
-    df, scale = k + m - 2, math.sqrt(1 / k + 1 / m)
-    t_value = effect / scale
-    if abs(t_value) < equivalence_bound(df, margin * math.sqrt(2) / scale, alpha):
-        return EQUIVALENT
-    if abs(t_value) > _t_quantile(1 - alpha / (2 * tests), df):
-        return DIVERGENT
-    return None
+def _pooled_sd(reference: list[float], candidate: list[float]) -> float:
+    k, m = len(reference), len(candidate)
+    ss = sum((k_ - 1) * statistics.variance(v) for k_, v in ((k, reference), (m, candidate)) if k_ > 1)
+    return math.sqrt(ss / (k + m - 2))
 
 
-def runs_needed(effect: float, k: int, m: int, *, alpha: float, margin: float, tests: int) -> tuple[str, int] | None:
-    """The verdict more runs would most likely give, and how many runs of each backend that takes, if the
-    standardised difference stayed as measured (None: not within MAX_RUNS)."""
-    for n in range(max(k, m) + 1, MAX_RUNS + 1):
-        outcome = _settles(effect, max(k, n), max(m, n), alpha=alpha, margin=margin, tests=tests)
-        if outcome is not None:
-            return outcome, n
-    return None
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
 
 
 def judge(reference_means: list[float], candidate_means: list[float], *, alpha: float = ALPHA,
-          margin: float = MARGIN, tests: int = 1) -> dict:
-    """The verdict on one metric from the run means of the reference's and the candidate's runs; `tests` is
-    the number of metrics judged together (the Bonferroni divisor of the divergence test)."""
+          margin: float = MARGIN, tests: int = 1, reference_seeds: list[int] | None = None,
+          candidate_seeds: list[int] | None = None) -> dict:
+    """The verdict on one metric from the run summaries of the reference's and the candidate's runs (seeds, where
+    given, pair them); `tests` is the number of metrics judged together (Holm over them: use finalize for a
+    larger family)."""
     k, m = len(reference_means), len(candidate_means)
     if m < 1:
         raise ValueError("no candidate run to judge")
-    difference = statistics.fmean(candidate_means) - statistics.fmean(reference_means)
-    evidence = {"reference_runs": k, "candidate_runs": m, "difference": difference}
-    if k < 2:
-        return {**evidence, "verdict": INCONCLUSIVE, "needed_runs": 2,
-                "reason": f"{k} reference run: the noise floor needs at least 2 seeds of the reference "
+    pairs = []
+    if reference_seeds is not None and candidate_seeds is not None:
+        by_seed = dict(zip(reference_seeds, reference_means, strict=True))
+        pairs = [(by_seed[s], c) for s, c in zip(candidate_seeds, candidate_means, strict=True) if s in by_seed]
+    paired = len(pairs) >= 2
+    runs = len(pairs) if paired else min(k, m)
+    planned = look(runs, alpha)
+    difference = (statistics.fmean(c - r for r, c in pairs) if paired
+                  else statistics.fmean(candidate_means) - statistics.fmean(reference_means))
+    evidence = {"reference_runs": k, "candidate_runs": m, "paired_seeds": len(pairs) if paired else 0,
+                "design": "paired by seed" if paired else "unpaired", "difference": difference, **planned}
+    if k < 2 or k + m < 3:
+        return {**evidence, "verdict": INCONCLUSIVE, "p_value": 1.0, "equivalent": False,
+                "reason": f"{k} reference run(s): the noise floor needs at least 2 seeds of the reference "
                           f"(set replicates.reference)"}
-    ss = (k - 1) * statistics.variance(reference_means) + ((m - 1) * statistics.variance(candidate_means) if m > 1 else 0.0)
-    s = math.sqrt(ss / (k + m - 2))
-    evidence.update(noise_sd=statistics.stdev(reference_means), pooled_sd=s, margin=margin * math.sqrt(2) * s)
-    if s == 0:
-        verdict = EQUIVALENT if difference == 0 else DIVERGENT
-        return {**evidence, "verdict": verdict, "p_value": 1.0 if difference == 0 else 0.0,
-                "reason": "every run has the same mean: " + ("no difference" if difference == 0 else "any difference is one")}
-    df, scale = k + m - 2, math.sqrt(1 / k + 1 / m)
-    t_value = difference / (s * scale)
-    evidence.update(t=t_value, df=df, p_value=_two_sided_p(t_value, df))
-    outcome = _settles(difference / s, k, m, alpha=alpha, margin=margin, tests=tests)
-    if outcome == EQUIVALENT:
-        return {**evidence, "verdict": EQUIVALENT, "reason": f"within {margin:g} seed-to-seed SD of a difference "
-                                                             f"(equivalence test, alpha {alpha:g})"}
-    if outcome == DIVERGENT:
-        return {**evidence, "verdict": DIVERGENT,
-                "reason": f"p = {evidence['p_value']:.2g} < {alpha:g}/{tests}" if tests > 1 else f"p = {evidence['p_value']:.2g} < {alpha:g}"}
-    needed = runs_needed(difference / s, k, m, alpha=alpha, margin=margin, tests=tests)
-    if needed is None:
-        return {**evidence, "verdict": INCONCLUSIVE, "needed_runs": None,
-                "reason": f"even {MAX_RUNS} runs of each backend would not settle it"}
-    result, n = needed
-    return {**evidence, "verdict": INCONCLUSIVE, "needed_runs": n, "needed_for": result,
-            "reason": f"{n} runs of each backend would likely show it {result}, if the difference and noise stayed "
-                      f"as measured"}
+    s = _pooled_sd(reference_means, candidate_means)
+    bound = margin * math.sqrt(2) * s
+    evidence.update(pooled_sd=s, margin=bound)
+    if planned["look"] == 0:
+        return {**evidence, "verdict": INCONCLUSIVE, "p_value": 1.0, "equivalent": False,
+                "reason": f"before the first planned look ({LOOKS[0]} runs of each backend)",
+                **_next_power(evidence, pairs, s, bound, margin, alpha)}
+    look_alpha = planned["alpha"]
+    if paired:
+        differences = [c - r for r, c in pairs]
+        sd = statistics.stdev(differences)
+        se, df = sd / math.sqrt(runs), runs - 1
+        evidence.update(difference_sd=sd)
+        if se == 0:
+            p, equivalent = (1.0 if difference == 0 else 0.0), difference == 0 or abs(difference) < bound
+        else:
+            p = _two_sided_p(difference / se, df)
+            equivalent = abs(difference) + _t_quantile(1 - look_alpha, df) * se < bound
+    else:
+        df, scale = k + m - 2, math.sqrt(1 / k + 1 / m)
+        if s == 0:
+            p, equivalent = (1.0 if difference == 0 else 0.0), difference == 0
+        else:
+            t_value = difference / (s * scale)
+            p = _two_sided_p(t_value, df)
+            equivalent = abs(t_value) < equivalence_bound(df, margin * math.sqrt(2) / scale, look_alpha)
+    evidence.update(p_value=p, equivalent=bool(equivalent))
+    divergent = p <= look_alpha / tests
+    return {**evidence, **_decide(evidence, divergent, look_alpha, tests),
+            **_next_power(evidence, pairs if paired else [], s, bound, margin, alpha)}
+
+
+def _decide(evidence: dict, divergent: bool, look_alpha: float, tests: int) -> dict:
+    """The verdict from a test's p-value and equivalence result, at the look's alpha over `tests` hypotheses."""
+    where = f"look {evidence['look']} of {evidence['looks']}, alpha {look_alpha:.3g}"
+    if divergent:
+        return {"verdict": DIVERGENT,
+                "reason": f"p = {evidence['p_value']:.2g} <= {look_alpha:.3g}" + (f"/{tests}" if tests > 1 else "")
+                + f" ({evidence['design']}, {where})"}
+    if evidence["equivalent"]:
+        return {"verdict": EQUIVALENT, "reason": f"within the margin ({evidence['design']}, {where})"}
+    nxt = evidence.get("next_runs")
+    return {"verdict": INCONCLUSIVE,
+            "reason": f"neither shown ({where})" + (f"; next look at {nxt} runs of each backend" if nxt else
+                                                   "; the last planned look: the difference is smaller than runs can "
+                                                   "show or larger than the margin allows")}
+
+
+def _next_power(evidence: dict, pairs: list, s: float, bound: float, margin: float, alpha: float) -> dict:
+    """At the next planned look: the chance to confirm equivalence if the backends were alike, and to call the
+    difference divergent if it were as measured (normal approximations with the spread as measured)."""
+    n = evidence.get("next_runs")
+    if n is None or s is None:
+        return {}
+    nxt = look(n, alpha)
+    z = -_t_quantile(nxt["alpha"], max(n - 1, 1))
+    if len(pairs) >= 2:
+        spread = statistics.stdev(c - r for r, c in pairs)
+        se = spread / math.sqrt(n)
+    else:
+        se = s * math.sqrt(2 / n)
+    if se == 0:
+        return {"next_power_equivalent": 1.0, "next_power_divergent": 1.0 if evidence["difference"] else 0.0}
+    return {"next_power_equivalent": max(0.0, 2 * _normal_cdf(bound / se - z) - 1),
+            "next_power_divergent": _normal_cdf(abs(evidence["difference"]) / se - z)}
 
 
 def judge_runs(reference_runs: list[dict], candidate_runs: list[dict], metric: str, *, alpha: float = ALPHA,
                margin: float = MARGIN, tests: int = 1) -> dict:
-    """The verdict on `metric` from whole runs (all of one step count): their per-step series, checked."""
+    """The verdict on `metric` from whole runs (all of one step count): their per-step series, checked, each
+    summarised as SUMMARIES says, paired by seed."""
     lengths = {len(run["steps"]) for run in [*reference_runs, *candidate_runs]}
     if len(lengths) > 1:
         counts = ", ".join(f"{label(r)} has {len(r['steps'])}" for r in [*reference_runs, *candidate_runs])
@@ -133,8 +204,35 @@ def judge_runs(reference_runs: list[dict], candidate_runs: list[dict], metric: s
     missing = [label(r) for r in [*reference_runs, *candidate_runs] if series(r, metric) is None]
     if missing:
         return {"verdict": NOT_LOGGED, "not_logged_in": missing, "reason": f"not logged in {', '.join(missing)}"}
-    means = [[statistics.fmean(series(r, metric)) for r in runs] for runs in (reference_runs, candidate_runs)]
-    return judge(*means, alpha=alpha, margin=margin, tests=tests)
+    means = [[summary(metric, series(r, metric)) for r in runs] for runs in (reference_runs, candidate_runs)]
+    result = judge(*means, alpha=alpha, margin=margin, tests=tests, reference_seeds=[r["seed"] for r in reference_runs],
+                   candidate_seeds=[r["seed"] for r in candidate_runs])
+    return {**result, "summary": SUMMARIES[metric][0] if metric in SUMMARIES else SUMMARIES["loss"][0]}
+
+
+def holm(p_values: list[float], alpha: float) -> list[bool]:
+    """Holm's step-down: which hypotheses are rejected, family-wise error at most alpha."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def finalize(verdicts: list[dict]) -> list[dict]:
+    """The verdicts judged together (every metric of every comparison of a report): divergence by Holm over the
+    whole family at the smallest look alpha among them; equivalence as each test found it. Changes them in place."""
+    judged = [v for v in verdicts if v["verdict"] != NOT_LOGGED and "look" in v and v["look"] > 0 and "equivalent" in v]
+    if not judged:
+        return verdicts
+    family_alpha = min(v["alpha"] for v in judged)
+    for v, divergent in zip(judged, holm([v["p_value"] for v in judged], family_alpha), strict=True):
+        v.update(_decide(v, divergent, family_alpha, len(judged)), family_size=len(judged))
+        if divergent:
+            v["reason"] = f"p = {v['p_value']:.2g}, Holm over {len(judged)} tests at {family_alpha:.3g} ({v['design']})"
+    return verdicts
 
 
 def noise_floor(reference_runs: list[dict], metric: str) -> dict | None:

@@ -46,10 +46,11 @@ rule render_report:
         stats=all_stats(),
         curves=expand(paths.CURVES_FIGURE, steps=STEPS),
         speed=paths.SPEED_FIGURE,
+        rollout=rollout_checks(),
     output:
         report(paths.REPORT, caption="../report/equivalence.rst", category="Equivalence"),
     params:
-        settings=job_args(reference=REFERENCE),
+        settings=job_args(reference=REFERENCE, verdict=config["verdict"], rollout_check=config["rollout_check"]),
         script=entry_point("render_report"),
         code=script_code("render_report", files=[REPORT_TEMPLATE]),
         io=lambda wildcards, input, output: io_args(
@@ -58,6 +59,7 @@ rule render_report:
             stats=list(input.stats),
             curves=dict(zip(STEPS, input.curves)),
             speed=input.speed,
+            rollout=list(input.rollout),
             out=output[0],
         ),
     conda:

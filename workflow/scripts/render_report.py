@@ -4,7 +4,7 @@ import json
 import os
 from pathlib import Path
 
-from grpo_equivalence import jobs, report, runs
+from grpo_equivalence import jobs, report, rollout, runs
 
 a = jobs.arguments()
 out = Path(a["out"])
@@ -12,5 +12,8 @@ figures = {"curves": {int(steps): os.path.relpath(path, out.parent) for steps, p
            "speed": os.path.relpath(a["speed"], out.parent)}
 text = report.render(summaries=[json.loads(Path(p).read_text()) for p in a["summaries"]],
                      comparisons=[json.loads(Path(p).read_text()) for p in a["comparisons"]],
-                     reference=a["reference"], runs=runs.load_runs(a["stats"]), figures=figures)
+                     reference=a["reference"], runs=runs.load_runs(a["stats"]), figures=figures,
+                     alpha=a["verdict"]["alpha"], margin=a["verdict"]["margin"],
+                     rollout=report.rollout_section([rollout.load(p) for p in a["rollout"]], a["reference"],
+                                                    alpha=a["verdict"]["alpha"], settings=a["rollout_check"]))
 out.write_text(text)
