@@ -28,7 +28,7 @@ MODEL = ROOT / "results/tiny/primed"
 DATA = ROOT / "results/tiny/data/train.jsonl"
 
 
-def _study() -> dict:
+def study() -> dict:
     import yaml
 
     config = yaml.safe_load((ROOT / "studies/tiny.yaml").read_text())
@@ -47,8 +47,15 @@ def _check(job: tuple) -> dict:
     from grpo_equivalence import rollout
 
     dataset = {"path": "json", "data_files": str(DATA), "name": None}
-    return rollout.check(_study(), backend, model_path=str(MODEL), dataset=dataset, out=Path(out), seed=seed,
+    return rollout.check(study(), backend, model_path=str(MODEL), dataset=dataset, out=Path(out), seed=seed,
                          log=lambda message: None)
+
+
+def build_tiny(jobs: int) -> None:
+    """The tiny study's primed model and data, built by the workflow where results/tiny/ lacks them."""
+    if not (MODEL.exists() and DATA.exists()):
+        subprocess.run([sys.executable, "-m", "snakemake", str(MODEL.relative_to(ROOT)), str(DATA.relative_to(ROOT)),
+                        "--cores", str(jobs), "--config", "study=studies/tiny.yaml"], cwd=ROOT, check=True)
 
 
 def main() -> None:
@@ -59,12 +66,10 @@ def main() -> None:
     parser.add_argument("--out", default="fault_detection.json")
     args = parser.parse_args()
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    if not (MODEL.exists() and DATA.exists()):
-        subprocess.run([sys.executable, "-m", "snakemake", str(MODEL.relative_to(ROOT)), str(DATA.relative_to(ROOT)),
-                        "--cores", str(args.jobs), "--config", "study=studies/tiny.yaml"], cwd=ROOT, check=True)
+    build_tiny(args.jobs)
     from grpo_equivalence import rollout_verdict, verdict
 
-    config = _study()
+    config = study()
     scratch = ROOT / "results/benchmarks/fault_detection"
     candidates = ["control", *SAMPLING_FAULTS]
     jobs = []
