@@ -72,7 +72,7 @@ def test_the_h200_rollout_check_covers_every_backend_and_its_report_section_come
     from grpo_equivalence import rollout
 
     example = ROOT / "docs" / "examples" / "h200-vllm-reference"
-    checks = [rollout.load(p) for p in sorted((example / "rollout").glob("*.json"))]
+    checks = [rollout.load(p) for p in sorted((example / "rollout").glob("*.json.gz"))]  # gzipped: the tree travels
     backends = {c["backend"] for c in checks if c["fault"] is None}
     assert backends == {"vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm"}
     assert all(c["environment"]["gpu_name"] == "NVIDIA H200" for c in checks)

@@ -68,8 +68,8 @@ def report_main(argv=None):
     parser.add_argument("--template", type=Path, default=report.TEMPLATE, help="Jinja template (default: %(default)s)")
     parser.add_argument("--figures", help="link the workflow's figures found in this folder (curves_<steps>.png, "
                         "speed_memory.png)")
-    parser.add_argument("--rollout", help="judge the rollout checks found in this folder (<backend>[_seed<seed>].json, "
-                        "the workflow's results/rollout)")
+    parser.add_argument("--rollout", help="judge the rollout checks found in this folder (<backend>[_seed<seed>].json, or "
+                        ".json.gz; the workflow's results/rollout)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     args = parser.parse_args(argv)
     if not args.template.exists():
@@ -86,9 +86,9 @@ def _rollout_dir(folder: str | None, reference: str, alpha: float) -> dict | Non
     """The rollout section of the report from a folder of rollout-check files (None: no folder given)."""
     if folder is None:
         return None
-    paths = sorted(Path(folder).glob("*.json"))
+    paths = sorted([*Path(folder).glob("*.json"), *Path(folder).glob("*.json.gz")])
     if not paths:
-        raise FileNotFoundError(f"no rollout-check files (<backend>.json) in {folder}")
+        raise FileNotFoundError(f"no rollout-check files (<backend>.json, or .json.gz) in {folder}")
     from . import rollout
 
     return report.rollout_section([rollout.load(p) for p in paths], reference, alpha=alpha)

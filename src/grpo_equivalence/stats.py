@@ -5,6 +5,7 @@ this shape can be summarised, compared and reported as well.
 """
 
 import contextlib
+import gzip
 import json
 import math
 import os
@@ -178,15 +179,16 @@ def read_json(path: Path, what: str = "statistics file", fix: str = "rerun the t
     """The JSON value of `path`, or a StatsError that says what is wrong with the file and what to do."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        # a file kept gzipped (a committed example's) reads as the file itself
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise StatsError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise StatsError(f"{path}: is a folder, not a {what}") from None
     except UnicodeDecodeError:
         raise StatsError(f"{path}: not a text file (binary content), not a {what}; {fix}") from None
-    except OSError as e:
-        raise StatsError(f"{path}: cannot be read ({e.strerror})") from None
+    except (OSError, EOFError) as e:
+        raise StatsError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
     try:
         return json.loads(text, parse_constant=lambda name: NON_FINITE[name])  # bare NaN of older files
     except json.JSONDecodeError as e:
