@@ -25,6 +25,18 @@ def test_tokens_the_settings_exclude_are_outside_and_the_tolerance_spares_only_t
     assert scored["hot_shift"][0] < 0 and scored["variance"][0] > 0
 
 
+def test_the_filters_order_changes_the_support_where_top_p_binds():
+    import torch
+
+    settings = {"temperature": 1.0, "top_k": 0, "top_p": 0.96, "min_p": 0.05}
+    logits = torch.log(torch.tensor([[0.55, 0.40, 0.03, 0.02]]))
+    # transformers: top_p over all four keeps three, min_p keeps them; vLLM: min_p drops the last, then top_p over
+    # the three renormalised drops the third
+    for order, outside in (("transformers", False), ("vllm", True)):
+        scored = rollout.score_tokens(logits, torch.tensor([2]), settings, tolerance=1e-3, hotter=1.1, order=order)
+        assert scored["outside"] == [outside], order
+
+
 def test_the_score_of_a_correct_sampler_has_the_null_distribution_it_claims():
     import torch
 

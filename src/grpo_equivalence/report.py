@@ -180,7 +180,7 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
     return {"reference": reference, "reference_seed": base["seed"], "comparisons": comparisons,
             "tests": rollout_verdict.TESTS, "settings": settings, "sampling": base["sampling"],
             "prompts": base["prompts"], "generations": base["generations"], "tolerance": base["tolerance"],
-            "temperature_margin": base["temperature_margin"],
+            "temperature_margin": base["temperature_margin"], "order": base.get("order", "transformers"),
             "own": [{"backend": c["backend"], "seed": c["seed"], "tokens": sum(x["tokens"] for x in c["completions"]),
                      "wall_s": c.get("wall_s"), "sample_s": c.get("sample_s"), "mismatch": c.get("mismatch")}
                     for c in [base, *others]]}

@@ -33,24 +33,29 @@ TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}
 SCORE_BATCH = 32  # completions per scoring forward pass
 
 
-def processors(settings: dict):
-    """transformers' own logits warpers for the settings, in the order generate() applies them."""
+# The order the filters apply in, which changes the distribution where top_p binds: transformers' generate()
+# takes top-k, top-p, then min-p; vLLM takes min-p first (a logits processor), then top-k and top-p.
+ORDERS = {"transformers": ("top_k", "top_p", "min_p"), "vllm": ("min_p", "top_k", "top_p")}
+
+
+def processors(settings: dict, order: str = "transformers"):
+    """transformers' own logits warpers for the settings: temperature, then the filters in `order` (ORDERS)."""
     from transformers.generation.logits_process import (LogitsProcessorList, MinPLogitsWarper,
                                                         TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
     chain = LogitsProcessorList()
     if settings.get("temperature") not in (None, 1.0):
         chain.append(TemperatureLogitsWarper(settings["temperature"]))
-    if settings.get("top_k"):
-        chain.append(TopKLogitsWarper(settings["top_k"]))
-    if settings.get("top_p") not in (None, 1.0):
-        chain.append(TopPLogitsWarper(settings["top_p"]))
-    if settings.get("min_p"):
-        chain.append(MinPLogitsWarper(settings["min_p"]))
+    make = {"top_k": lambda v: TopKLogitsWarper(v), "top_p": lambda v: TopPLogitsWarper(v),
+            "min_p": lambda v: MinPLogitsWarper(v)}
+    skip = {"top_k": (None, 0), "top_p": (None, 1.0), "min_p": (None, 0, 0.0)}
+    for key in ORDERS[order]:
+        if settings.get(key) not in skip[key]:
+            chain.append(make[key](settings[key]))
     return chain
 
 
-def score_tokens(logits, tokens, settings: dict, tolerance: float, hotter: float) -> dict:
+def score_tokens(logits, tokens, settings: dict, tolerance: float, hotter: float, order: str = "transformers") -> dict:
     """Per position of one completion: `logits` (T, V) as the model gives them for predicting `tokens` (T,).
     Returns per-token lists: log q(x), entropy H of q, variance of log q under q, outside (strict), outside
     (clear), and the mean of log q(x) + H that a sampler `hotter` times the temperature would give (within q's
@@ -59,7 +64,7 @@ def score_tokens(logits, tokens, settings: dict, tolerance: float, hotter: float
 
     logits = logits.float()
     dummy = torch.zeros((logits.shape[0], 1), dtype=torch.long, device=logits.device)
-    chain = processors(settings)
+    chain = processors(settings, order)
     logq = torch.log_softmax(chain(dummy, logits.clone()), dim=-1)
     picked = logq.gather(1, tokens[:, None]).squeeze(1)
     q = logq.exp()
@@ -70,7 +75,7 @@ def score_tokens(logits, tokens, settings: dict, tolerance: float, hotter: float
     raised = logits.clone()
     raised.scatter_add_(1, tokens[:, None], torch.full((len(tokens), 1), float(tolerance), device=logits.device))
     clear = ~torch.isfinite(chain(dummy, raised).gather(1, tokens[:, None]).squeeze(1))
-    hot = torch.softmax(processors({**settings, "temperature": (settings.get("temperature") or 1.0) * hotter})(
+    hot = torch.softmax(processors({**settings, "temperature": (settings.get("temperature") or 1.0) * hotter}, order)(
         dummy, logits.clone()), dim=-1) * inside
     hot_shift = (hot * (finite + entropy[:, None])).sum(-1) / hot.sum(-1).clamp_min(1e-30)
     return {"logq": picked.tolist(), "entropy": entropy.tolist(), "variance": variance.tolist(),
@@ -160,7 +165,7 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
                 # every position of the batch scored at once, then split back per completion
                 joined = score_tokens(torch.cat(logits), torch.tensor(
                     [t for r in scored_batch for t in r["completion_ids"]], device=device), sampling, tolerance,
-                    hotter) if scored_batch else {}
+                    hotter, check_settings.get("order", "transformers")) if scored_batch else {}
                 offset = 0
                 for record in batch:
                     if id(record) not in by_id:
@@ -187,6 +192,7 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
         "sampling": sampling,
         "tolerance": tolerance,
         "temperature_margin": check_settings["temperature_margin"],
+        "order": check_settings.get("order", "transformers"),
         "prompts": count,
         "generations": generations * check_settings.get("rounds", 1),
         "rollout_settings": rollout_settings,

@@ -130,6 +130,9 @@ def _factor(se: float, margin: float, alpha: float) -> float:
 
 def compare(reference: dict, candidate: dict, *, alpha: float, support_margin: float, margin_sd: float) -> dict:
     """The tests of one candidate's rollout-check file against the reference's, before the family's correction."""
+    if reference.get("order", "transformers") != candidate.get("order", "transformers"):
+        raise ValueError(f"the rollout checks of {reference['backend']} and {candidate['backend']} scored with different "
+                         f"filter orders; rerun both with one rollout_check.order")
     for run in (reference, candidate):
         if run["sampling"] != reference["sampling"]:
             raise ValueError(f"the rollout checks of {reference['backend']} and {candidate['backend']} used different "
