@@ -146,9 +146,7 @@ def test_report_has_the_rollout_check_with_its_verdicts(study):
 
 def test_hf_static_is_equivalent_to_hf(study):
     """On the CPU transformers does not compile, and hf_static (a static KV cache) samples exactly as hf does:
-    every seed's run equals hf's, so the verdict on the seeds both have is equivalent on every metric. (With
-    hf's third seed the means differ, as any two sets of seeds do: there the report may say inconclusive,
-    never divergent; `make demo`, four seeds each, says equivalent.)"""
+    every seed's run equals hf's, so the verdict on the shared seeds is equivalent on every metric."""
     from grpo_equivalence import stats, verdict
 
     report = (study / "results/grpo_equivalence.md").read_text()
