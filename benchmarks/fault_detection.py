@@ -58,15 +58,38 @@ def build_tiny(jobs: int) -> None:
                         "--cores", str(jobs), "--config", "study=studies/tiny.yaml"], cwd=ROOT, check=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=20)
+def arguments(description: str, reps: int, out: str) -> argparse.ArgumentParser:
+    """The options both fault benchmarks take."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--reps", type=int, default=reps)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--backend", default="hf")
-    parser.add_argument("--out", default="fault_detection.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=out)
+    return parser
+
+
+def print_table(columns: tuple, what: str, names, counts: dict, divergent_by: dict, args) -> None:
+    """Per candidate, the share of repetitions of each verdict and how often each test (metric) was divergent."""
+    from grpo_equivalence import verdict
+
+    print(f"| Candidate | {' | '.join(columns)} | Divergent by {what} ({', '.join(names)}) |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for name, found in counts.items():
+        share = {k: 100 * v / args.reps for k, v in found.items()}
+        label = "reseeded reference (control)" if name == "control" else f"{args.backend}+{name}"
+        print(f"| {label} | {share[verdict.DIVERGENT]:.0f} % | {share[verdict.EQUIVALENT]:.0f} % | "
+              f"{share[verdict.INCONCLUSIVE]:.0f} % | {', '.join(str(divergent_by[name][t]) for t in names)} |")
+
+
+def prepare(args) -> None:
+    """Offline, and the tiny study's model and data built."""
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     build_tiny(args.jobs)
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0], 20, "fault_detection.json").parse_args()
+    prepare(args)
     from grpo_equivalence import rollout_verdict, verdict
 
     config = study()
@@ -99,13 +122,7 @@ def main() -> None:
     tokens = sum(c["tokens"] for f in files for c in f["completions"]) / len(files)
     print(f"rollout check, tiny study, {args.backend}: {args.reps} repetitions, {config['rollout_check']['prompts']} "
           f"prompts, {tokens:.0f} tokens per check, {time.perf_counter() - start:.0f} s")
-    print("| Candidate | Divergent | Equivalent | Inconclusive | Divergent by test (" + ", ".join(rollout_verdict.TESTS) + ") |")
-    print("| --- | ---: | ---: | ---: | --- |")
-    for name in candidates:
-        share = {k: 100 * v / args.reps for k, v in counts[name].items()}
-        label = "reseeded reference (control)" if name == "control" else f"{args.backend}+{name}"
-        print(f"| {label} | {share[verdict.DIVERGENT]:.0f} % | {share[verdict.EQUIVALENT]:.0f} % | "
-              f"{share[verdict.INCONCLUSIVE]:.0f} % | {', '.join(str(by_test[name][t]) for t in rollout_verdict.TESTS)} |")
+    print_table(("Divergent", "Equivalent", "Inconclusive"), "test", rollout_verdict.TESTS, counts, by_test, args)
     Path(args.out).write_text(json.dumps({"reps": args.reps, "backend": args.backend, "tokens_per_check": tokens,
                                           "counts": counts, "divergent_by_test": by_test}, indent=1) + "\n")
 

@@ -13,9 +13,7 @@ repetitions with a metric called divergent, and writes the counts as JSON.
 It builds the tiny study's primed model and data first if results/tiny/ lacks them (snakemake).
 """
 
-import argparse
 import json
-import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -25,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from fault_detection import DATA, MODEL, build_tiny, study  # noqa: E402
+from fault_detection import DATA, MODEL, arguments, prepare, print_table, study  # noqa: E402
 
 
 def _train(job: tuple) -> str:
@@ -45,17 +43,12 @@ def _train(job: tuple) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=8)
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--backend", default="hf")
-    parser.add_argument("--out", default="fault_detection_training.json")
+    parser = arguments(__doc__.splitlines()[0], 8, "fault_detection_training.json")
     parser.add_argument("--steps", type=int, help="steps per run (default: the tiny study's longest)")
     parser.add_argument("--gpu", action="store_true", help="train on the GPU (all runs share it; TRL 1.15 trains only there)")
     parser.add_argument("--runs", type=int, help="runs per candidate (default: the tiny study's replicates.reference)")
     args = parser.parse_args()
-    os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    build_tiny(args.jobs)
+    prepare(args)
     from grpo_equivalence import faults, stats, verdict
     from grpo_equivalence.compare import compare
 
@@ -92,14 +85,8 @@ def main() -> None:
                 metrics_divergent[name][metric] += v == verdict.DIVERGENT
     print(f"training verdict, tiny study, {args.backend}: {args.reps} repetitions of {runs} runs per candidate at "
           f"{steps} steps, {time.perf_counter() - start:.0f} s")
-    print("| Candidate | A metric divergent | All equivalent | Otherwise | Divergent by metric (" +
-          ", ".join(verdict.METRICS) + ") |")
-    print("| --- | ---: | ---: | ---: | --- |")
-    for name in candidates:
-        share = {k: 100 * v / args.reps for k, v in counts[name].items()}
-        label = "reseeded reference (control)" if name == "control" else f"{args.backend}+{name}"
-        print(f"| {label} | {share[verdict.DIVERGENT]:.0f} % | {share[verdict.EQUIVALENT]:.0f} % | "
-              f"{share[verdict.INCONCLUSIVE]:.0f} % | {', '.join(str(metrics_divergent[name][m]) for m in verdict.METRICS)} |")
+    print_table(("A metric divergent", "All equivalent", "Otherwise"), "metric", verdict.METRICS, counts,
+                metrics_divergent, args)
     Path(args.out).write_text(json.dumps({"reps": args.reps, "runs": runs, "steps": steps, "counts": counts,
                                           "divergent_by_metric": metrics_divergent}, indent=1) + "\n")
 

@@ -93,14 +93,15 @@ def table_structure(report: str) -> list[tuple[str, int]]:
 
 @requires_slurm
 def test_report_has_the_same_tables_as_a_local_run(cluster_study):
-    from grpo_equivalence.report import from_stats_dir
+    from grpo_equivalence.report import from_stats_dir, rollout_from_dir
 
     workdir, _ = cluster_study
     report = (workdir / "results" / "grpo_equivalence.md").read_text()
-    local = from_stats_dir(workdir / "results" / "stats", "hf")  # the same runs, reported on this machine
+    # the same runs and rollout checks, reported on this machine
+    local = from_stats_dir(workdir / "results" / "stats", "hf", rollout=rollout_from_dir(workdir / "results" / "rollout", "hf"))
     assert table_structure(report) == table_structure(local)
-    assert [h for h, _ in table_structure(report) if h.startswith("## ")] == [f"## {s} steps" for s in STEPS] + [
-        "## Warnings the runs raised", "## Study settings", "## Raw statistics"]
+    assert [h for h, _ in table_structure(report) if h.startswith("## ")] == ["## Rollout check at fixed weights"] + [
+        f"## {s} steps" for s in STEPS] + ["## Warnings the runs raised", "## Study settings", "## Raw statistics"]
     for steps in STEPS:
         assert f"results/stats/grpo_cb_paged_{steps}.json" in report
 

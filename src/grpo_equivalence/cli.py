@@ -79,16 +79,6 @@ def report_main(argv=None):
     _run(lambda: _write(report.from_stats_dir(
         Path(args.stats_dir), args.reference, args.skip, args.template, alpha=args.alpha, margin=args.margin,
         figures=report.figures_in(Path(args.figures), report_dir) if args.figures else None,
-        rollout=_rollout_dir(args.rollout, args.reference, args.alpha)), args.output, args.force))
+        rollout=report.rollout_from_dir(Path(args.rollout), args.reference, alpha=args.alpha) if args.rollout else None),
+        args.output, args.force))
 
-
-def _rollout_dir(folder: str | None, reference: str, alpha: float) -> dict | None:
-    """The rollout section of the report from a folder of rollout-check files (None: no folder given)."""
-    if folder is None:
-        return None
-    paths = sorted([*Path(folder).glob("*.json"), *Path(folder).glob("*.json.gz")])
-    if not paths:
-        raise FileNotFoundError(f"no rollout-check files (<backend>.json, or .json.gz) in {folder}")
-    from . import rollout
-
-    return report.rollout_section([rollout.load(p) for p in paths], reference, alpha=alpha)

@@ -186,6 +186,14 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
                     for c in [base, *others]]}
 
 
+def rollout_from_dir(folder: Path, reference: str, *, alpha: float = verdict.ALPHA, settings: dict | None = None) -> dict:
+    """rollout_section of the rollout-check files in `folder` (<backend>[_seed<seed>].json, or .json.gz)."""
+    paths = sorted([*Path(folder).glob("*.json"), *Path(folder).glob("*.json.gz")])
+    if not paths:
+        raise FileNotFoundError(f"no rollout-check files (<backend>.json, or .json.gz) in {folder}")
+    return rollout_section([rollout_files.load(p) for p in paths], reference, alpha=alpha, settings=settings)
+
+
 def reference_run(runs: list[dict], reference: str) -> dict:
     """The reference backend's shortest run: where the report takes the study's settings from."""
     candidates = [r for r in runs if r["backend"] == reference]
