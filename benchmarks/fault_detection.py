@@ -31,10 +31,10 @@ DATA = ROOT / "results/tiny/data/train.jsonl"
 def study() -> dict:
     import yaml
 
+    from grpo_equivalence.config import rollout_check_settings
+
     config = yaml.safe_load((ROOT / "studies/tiny.yaml").read_text())
-    schema_defaults = {"rounds": 1, "prompts_per_call": None, "tolerance": None, "temperature_margin": 0.1,
-                       "support_margin": 0.001, "margin": 0.1}
-    config["rollout_check"] = {**schema_defaults, **config.get("rollout_check", {})}
+    config["rollout_check"] = rollout_check_settings(config.get("rollout_check"))
     return config
 
 

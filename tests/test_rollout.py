@@ -94,10 +94,11 @@ def checks(primed, tiny_study, tmp_path_factory):
 
     import torch
 
+    from grpo_equivalence.config import rollout_check_settings
+
     torch.set_num_threads(2)
     config = copy.deepcopy(tiny_study)
-    config["rollout_check"] = {"rounds": 1, "prompts_per_call": None, "tolerance": None, "temperature_margin": 0.1,
-                               **tiny_study["rollout_check"]}
+    config["rollout_check"] = rollout_check_settings(tiny_study["rollout_check"])
     out = tmp_path_factory.mktemp("rollout")
     runs = {}
     for name, seed in [("hf", 11), ("hf", 12), *[(f"hf+{f}", 13 + i) for i, f in enumerate(

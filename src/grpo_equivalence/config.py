@@ -19,6 +19,13 @@ class ConfigError(ValueError):
     pass
 
 
+def rollout_check_settings(section: dict | None) -> dict:
+    """The rollout_check section with the schema's defaults under it (the workflow's config has them filled in by
+    the schema; a benchmark or a test that builds its own config gets them here)."""
+    defaults = yaml.safe_load(SCHEMA.read_text())["properties"]["rollout_check"]["default"]
+    return {**defaults, **(section or {})}
+
+
 def load_study(path) -> dict:
     """A study file, as Snakemake would read it, but with the file, line and column of a YAML error."""
     path = Path(path)

@@ -6,26 +6,16 @@ only what the sampler sees (TRL's GenerationConfig for transformers' paths, its 
 vLLM's), never the settings the trainer scores and trains with, which is what a buggy rollout engine does.
 """
 
-from dataclasses import dataclass
-
 SEPARATOR = "+"
-
-
-@dataclass(frozen=True)
-class Fault:
-    name: str
-    summary: str
-    where: str  # "rollout" (the sampler) or "trainer" (a control outside the rollout)
-
-
-FAULTS = {f.name: f for f in (
-    Fault("temperature_up", "the sampler's temperature x1.1", "rollout"),
-    Fault("no_min_p", "the sampler ignores min_p", "rollout"),
-    Fault("no_top_k", "the sampler ignores top_k", "rollout"),
-    Fault("stale_policy", "completions sampled from the policy of one step before", "rollout"),
-    Fault("bf16_rollout", "adapters rounded to bfloat16 for the rollout", "rollout"),
-    Fault("no_kl", "the KL term dropped from the loss (still measured): a trainer-side control", "trainer"),
-)}
+# Each fault and what it does
+FAULTS = {
+    "temperature_up": "the sampler's temperature x1.1",
+    "no_min_p": "the sampler ignores min_p",
+    "no_top_k": "the sampler ignores top_k",
+    "stale_policy": "completions sampled from the policy of one step before",
+    "bf16_rollout": "adapters rounded to bfloat16 for the rollout",
+    "no_kl": "the KL term dropped from the loss (still measured): a trainer-side control",
+}
 TEMPERATURE_FACTOR = 1.1
 # beta this small drops the KL term from the loss while TRL still computes and logs the KL (it skips both at 0)
 NEGLIGIBLE_BETA = 1e-12

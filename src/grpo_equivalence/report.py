@@ -11,6 +11,7 @@ from . import runs as run_files
 from . import stats as stats_io
 from . import verdict
 from .compare import COMPARED, NOT_LOGGED, compare
+from .config import rollout_check_settings
 from .paths import CURVES_FIGURE, SPEED_FIGURE
 from .summary import DEFAULT_SKIP, summarise
 
@@ -156,15 +157,12 @@ def differing_settings(runs: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda row: (row["rollout"], row["setting"]))
 
 
-ROLLOUT_DEFAULTS = {"support_margin": 0.001, "margin": 0.1}  # the schema's defaults of rollout_check
-
-
 def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdict.ALPHA, settings: dict | None = None) -> dict | None:
     """The rollout check's verdicts: every candidate's file against the reference's at the study's seed, and the
     reference at another seed against it (the control), judged together (rollout_verdict). None: no checks."""
     if not checks:
         return None
-    settings = {**ROLLOUT_DEFAULTS, **(settings or {})}
+    settings = rollout_check_settings(settings)
     references = sorted((c for c in checks if c["backend"] == reference), key=lambda c: c["seed"])
     if not references:
         raise stats_io.StatsError(f"no rollout check of the reference {reference!r}; backends checked: "
@@ -182,7 +180,7 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
             "prompts": base["prompts"], "generations": base["generations"], "tolerance": base["tolerance"],
             "temperature_margin": base["temperature_margin"], "order": base.get("order", "transformers"),
             "own": [{"backend": c["backend"], "seed": c["seed"], "tokens": sum(x["tokens"] for x in c["completions"]),
-                     "wall_s": c.get("wall_s"), "sample_s": c.get("sample_s"), "mismatch": c.get("mismatch")}
+                     "sample_s": c.get("sample_s"), "mismatch": c.get("mismatch")}
                     for c in [base, *others]]}
 
 

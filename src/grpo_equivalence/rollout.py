@@ -19,10 +19,12 @@ the reference's.
 """
 
 import math
+import os
 import time
 from pathlib import Path
 
 from . import environment, faults, stats
+from .config import rollout_check_settings
 
 # Sampling settings the intended distribution is built from (the trainer's, read back from its arguments).
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
@@ -103,13 +105,12 @@ def _forward_logits(model, records: list[dict], device) -> list:
 def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, out: Path, seed: int | None = None,
           log=print) -> dict:
     """Samples the rollout check's prompts through `backend_name`'s rollout path and writes the scored file."""
-    import os
-
     import torch
 
     from . import train
 
-    check_settings = config["rollout_check"]
+    check_settings = rollout_check_settings(config.get("rollout_check"))
+    rounds = check_settings["rounds"]  # each prompt sampled rounds x num_generations times
     seed = config["grpo"]["seed"] if seed is None else seed
     began = time.perf_counter()
     with train.session(config, backend_name, 1, model_path=model_path, dataset=dataset, seed=seed, log=log) as built:
@@ -117,7 +118,7 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
         sampling = {key: getattr(trainer.args, key) for key in SAMPLING_KEYS}  # the trainer's, not the sampler's
         generations = trainer.num_generations
         # prompts per generation call: the training batch's, unless the study asks for larger calls (faster on a CPU)
-        per_call = check_settings.get("prompts_per_call") or max(1, trainer.args.generation_batch_size // generations)
+        per_call = check_settings["prompts_per_call"] or max(1, trainer.args.generation_batch_size // generations)
         problems = trainer.train_dataset
         count = min(check_settings["prompts"], len(problems))
         if count < check_settings["prompts"]:
@@ -125,9 +126,8 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
         rows = [problems[i] for i in range(count)]  # the same prompts, in the same order, for every backend
         rewards = trainer.reward_funcs
         sampled, sample_s = [], 0.0
-        log(f"[{backend_name}] sampling {generations} x {check_settings.get('rounds', 1)} completions for each of {count} "
-            f"prompts, {per_call} prompts a call")
-        rounds = check_settings.get("rounds", 1)  # each prompt sampled rounds x num_generations times
+        log(f"[{backend_name}] sampling {generations} x {rounds} completions for each of {count} prompts, {per_call} "
+            f"prompts a call")
         for start in [s for _ in range(rounds) for s in range(0, count, per_call)]:
             batch = rows[start:start + per_call]
             prompts = [row["prompt"] for row in batch for _ in range(generations)]
@@ -154,21 +154,19 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
         completions_out, mismatch = [], []
         autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if (
             device.type == "cuda" and config["dtype"] == "bfloat16") else torch.autocast("cpu", enabled=False)
-        tolerance = check_settings.get("tolerance") or TOLERANCE[config["dtype"]]
+        tolerance = check_settings["tolerance"] or TOLERANCE[config["dtype"]]
         hotter = 1 + check_settings["temperature_margin"]
         with torch.no_grad(), autocast:
             for start in range(0, len(sampled), SCORE_BATCH):
                 batch = sampled[start:start + SCORE_BATCH]
                 scored_batch = [r for r in batch if r["completion_ids"]]
-                logits = _forward_logits(model, scored_batch, device) if scored_batch else []
-                by_id = {id(r): l for r, l in zip(scored_batch, logits, strict=True)}
                 # every position of the batch scored at once, then split back per completion
-                joined = score_tokens(torch.cat(logits), torch.tensor(
+                joined = score_tokens(torch.cat(_forward_logits(model, scored_batch, device)), torch.tensor(
                     [t for r in scored_batch for t in r["completion_ids"]], device=device), sampling, tolerance,
-                    hotter, check_settings.get("order", "transformers")) if scored_batch else {}
+                    hotter, check_settings["order"]) if scored_batch else {}
                 offset = 0
                 for record in batch:
-                    if id(record) not in by_id:
+                    if not record["completion_ids"]:
                         completions_out.append(_completion(record, None))
                         continue
                     end = offset + len(record["completion_ids"])
@@ -192,9 +190,9 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
         "sampling": sampling,
         "tolerance": tolerance,
         "temperature_margin": check_settings["temperature_margin"],
-        "order": check_settings.get("order", "transformers"),
+        "order": check_settings["order"],
         "prompts": count,
-        "generations": generations * check_settings.get("rounds", 1),
+        "generations": generations * rounds,
         "rollout_settings": rollout_settings,
         "sample_s": sample_s,
         "wall_s": time.perf_counter() - began,
@@ -204,7 +202,6 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
         "warnings": warnings,
         "environment": environment.describe(),
     }
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
     stats.write_json(out, result)
     log(f"[{backend_name}] {len(completions_out)} completions, {sum(c['tokens'] for c in completions_out)} tokens "
         f"-> {out}")

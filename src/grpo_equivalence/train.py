@@ -69,8 +69,6 @@ def seed_samplers(seed: int) -> None:
 class Session:
     """A GRPOTrainer built for one backend as a train job builds it, with what the run records of its making."""
     trainer: object
-    spec: backends.LoadSpec
-    device: str
     warned: WarningLog
     rollout_settings: list  # GRPOConfig keys and generation.<key> settings that select the backend's rollout
     startup_began: float
@@ -124,7 +122,7 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
             )
             prepared = backend.prepare_trainer(trainer, spec)
             seed_samplers(grpo["seed"])
-            yield Session(trainer=trainer, spec=spec, device=device, warned=warned,
+            yield Session(trainer=trainer, warned=warned,
                           rollout_settings=sorted(overrides) + sorted(prepared), startup_began=startup_began)
 
 

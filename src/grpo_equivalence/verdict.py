@@ -122,7 +122,7 @@ def judge(reference_means: list[float], candidate_means: list[float], *, alpha: 
                   else statistics.fmean(candidate_means) - statistics.fmean(reference_means))
     evidence = {"reference_runs": k, "candidate_runs": m, "paired_seeds": len(pairs) if paired else 0,
                 "design": "paired by seed" if paired else "unpaired", "difference": difference, **planned}
-    if k < 2 or k + m < 3:
+    if k < 2:
         return {**evidence, "verdict": INCONCLUSIVE, "p_value": 1.0, "equivalent": False,
                 "reason": f"{k} reference run(s): the noise floor needs at least 2 seeds of the reference "
                           f"(set replicates.reference)"}
@@ -132,7 +132,7 @@ def judge(reference_means: list[float], candidate_means: list[float], *, alpha: 
     if planned["look"] == 0:
         return {**evidence, "verdict": INCONCLUSIVE, "p_value": 1.0, "equivalent": False,
                 "reason": f"before the first planned look ({LOOKS[0]} runs of each backend)",
-                **_next_power(evidence, pairs, s, bound, margin, alpha)}
+                **_next_power(evidence, pairs, s, bound, alpha)}
     look_alpha = planned["alpha"]
     if paired:
         differences = [c - r for r, c in pairs]
@@ -155,7 +155,7 @@ def judge(reference_means: list[float], candidate_means: list[float], *, alpha: 
     evidence.update(p_value=p, equivalent=bool(equivalent))
     divergent = p <= look_alpha / tests
     return {**evidence, **_decide(evidence, divergent, look_alpha, tests),
-            **_next_power(evidence, pairs if paired else [], s, bound, margin, alpha)}
+            **_next_power(evidence, pairs if paired else [], s, bound, alpha)}
 
 
 def _decide(evidence: dict, divergent: bool, look_alpha: float, tests: int) -> dict:
@@ -174,11 +174,11 @@ def _decide(evidence: dict, divergent: bool, look_alpha: float, tests: int) -> d
                                                    "show or larger than the margin allows")}
 
 
-def _next_power(evidence: dict, pairs: list, s: float, bound: float, margin: float, alpha: float) -> dict:
+def _next_power(evidence: dict, pairs: list, s: float, bound: float, alpha: float) -> dict:
     """At the next planned look: the chance to confirm equivalence if the backends were alike, and to call the
     difference divergent if it were as measured (normal approximations with the spread as measured)."""
     n = evidence.get("next_runs")
-    if n is None or s is None:
+    if n is None:
         return {}
     nxt = look(n, alpha)
     z = -_t_quantile(nxt["alpha"], max(n - 1, 1))

@@ -8,7 +8,7 @@ from grpo_equivalence import gpus, jobs, rollout, train
 a = jobs.arguments()
 jobs.stop_with_workflow()
 train.check_packages(a["backend"])  # before waiting for a GPU: a missing package fails at once
-with gpus.leased(a["config"]["gpus_per_train_job"]) as lease:
+with gpus.leased(a["config"]["gpus_per_train_job"]):
     import torch
 
     torch.set_num_threads(a["threads"])

@@ -14,7 +14,8 @@ import pkgutil
 from .. import faults
 from .base import STACK_REFERENCES, Backend, BackendUnavailable, LoadSpec, Loaded, WithFault
 
-__all__ = ["Backend", "BackendUnavailable", "LoadSpec", "Loaded", "get", "names", "module_file"]
+__all__ = ["STACK_REFERENCES", "Backend", "BackendUnavailable", "LoadSpec", "Loaded", "get", "names", "module_file",
+           "module_name", "stack"]
 
 
 def names() -> list[str]:

@@ -49,7 +49,6 @@ class Backend:
     # The trainer the backend trains through: a difference between stacks is not a rollout difference, so
     # each candidate is also judged against the reference of its own stack (STACK_REFERENCES)
     stack: str = TRL_PEFT
-    fault: str | None = None  # an injected fault (WithFault), None for the backend as it is
 
     def check_runnable(self, device: str | None) -> None:
         """Raises BackendUnavailable naming what is missing and how to fix it (device None: packages only)."""
