@@ -51,7 +51,7 @@ def _set_sampler(trainer, **values) -> list[str]:
             changed.append(f"generation.{key}")
     if not changed:
         raise RuntimeError("cannot inject a sampling fault: the trainer has neither a generation_config nor a "
-                           "vllm_generation (a TRL version this project does not know)")
+                           "vllm_generation (a TRL version this project does not know); use trl 1.15 or 1.16")
     return changed
 
 

@@ -27,6 +27,7 @@ it has no noise floor to judge it against.
 import math
 import statistics
 
+from .stats import StatsError
 from .verdict import DIVERGENT, EQUIVALENT, INCONCLUSIVE, holm
 
 TESTS = ("support", "score", "completion_length", "reward")
@@ -67,7 +68,7 @@ def support_test(ref: dict, cand: dict, *, alpha: float, margin: float) -> dict:
 
     k_c, n_c, k_r, n_r = cand["outside"], cand["tokens"], ref["outside"], ref["tokens"]
     if n_c == 0 or n_r == 0:
-        raise ValueError("a rollout check without sampled tokens cannot be judged; sample more (rollout_check.prompts)")
+        raise StatsError("a rollout check without sampled tokens cannot be judged; sample more (rollout_check.prompts)")
     p = float(binom.sf(k_c - 1, k_c + k_r, n_c / (n_c + n_r))) if k_c + k_r else 1.0
     upper = 1.0 if k_c >= n_c else float(beta.ppf(1 - alpha, k_c + 1, n_c - k_c))
     excess = upper - k_r / n_r
@@ -83,7 +84,7 @@ def score_test(ref: dict, cand: dict, *, alpha: float) -> dict:
     from scipy.stats import norm
 
     if cand["scored"] == 0 or ref["scored"] == 0:
-        raise ValueError("a rollout check without scored tokens cannot be judged; sample more (rollout_check.prompts)")
+        raise StatsError("a rollout check without scored tokens cannot be judged; sample more (rollout_check.prompts)")
     means = [run["score"] / run["scored"] for run in (ref, cand)]
     se = math.sqrt(ref["variance"] / ref["scored"] ** 2 + cand["variance"] / cand["scored"] ** 2)
     difference = means[1] - means[0]
@@ -104,7 +105,7 @@ def paired_test(ref: dict, cand: dict, key: str, *, alpha: float, margin_sd: flo
 
     shared = sorted(set(ref["by_prompt"][key]) & set(cand["by_prompt"][key]))
     if len(shared) < 2:
-        raise ValueError("the rollout checks share fewer than two prompts; give both the same rollout_check settings")
+        raise StatsError("the rollout checks share fewer than two prompts; give both the same rollout_check settings")
     differences = [cand["by_prompt"][key][p] - ref["by_prompt"][key][p] for p in shared]
     n, mean = len(differences), statistics.fmean(differences)
     sd = statistics.stdev(differences)
@@ -131,11 +132,11 @@ def _factor(se: float, margin: float, alpha: float) -> float:
 def compare(reference: dict, candidate: dict, *, alpha: float, support_margin: float, margin_sd: float) -> dict:
     """The tests of one candidate's rollout-check file against the reference's, before the family's correction."""
     if reference.get("order", "transformers") != candidate.get("order", "transformers"):
-        raise ValueError(f"the rollout checks of {reference['backend']} and {candidate['backend']} scored with different "
+        raise StatsError(f"the rollout checks of {reference['backend']} and {candidate['backend']} scored with different "
                          f"filter orders; rerun both with one rollout_check.order")
     for run in (reference, candidate):
         if run["sampling"] != reference["sampling"]:
-            raise ValueError(f"the rollout checks of {reference['backend']} and {candidate['backend']} used different "
+            raise StatsError(f"the rollout checks of {reference['backend']} and {candidate['backend']} used different "
                              f"sampling settings ({reference['sampling']} vs {candidate['sampling']}); rerun both")
     ref, cand = totals(reference), totals(candidate)
     tests = {
