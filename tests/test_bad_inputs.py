@@ -43,6 +43,9 @@ STUDIES = [
     ("a csv data file without the answer column",
      lambda c, d: c.update(dataset={"path": "csv", "data_files": write_data(d / "q.csv", "prompt,answer\n1+1,2\n")}),
      "q.csv has no column 'solution' (columns: answer, prompt)"),
+    ("a csv data file with only its header",
+     lambda c, d: c.update(dataset={"path": "csv", "data_files": write_data(d / "h.csv", "prompt,solution\n\n")}),
+     "h.csv has a header but no rows; it needs one problem per row"),
     ("a file builder without data_files", lambda c, d: c.update(dataset={"path": "json"}),
      'dataset.data_files: the "json" builder reads local files; name them in dataset.data_files'),
 ]
@@ -116,6 +119,12 @@ def with_step(field, value, step=2):
 STATS_FILES = [
     # (what is wrong, change to a valid file's data (or a writer of the path), words of the message)
     ("a metric given as text", with_step("loss", "0.5"), "step 2: loss is str \"0.5\", not a number"),
+    # The judged metrics under `metrics` (the report reads them as numbers)
+    *[(f"{name} given as text", lambda d, name=name: d["steps"][1]["metrics"].update({name: "abc"}),
+       f"step 2: metrics.{name} is str \"abc\", not a number")
+      for name in ("entropy", "completions/mean_length", "frac_reward_zero_std")],
+    ("trainer settings given as a list", lambda d: d["effective_config"].update(trainer=[1, 2]),
+     "effective_config.trainer is list [1, 2], not an object (or null)"),
     ("no wall time", with_step("wall_s", None), "step 2: wall_s is null, not a positive number of seconds"),
     ("zero wall time", with_step("wall_s", 0.0), "step 2: wall_s is float 0.0, not a positive number of seconds"),
     ("a step that is not an object", lambda d: d["steps"].__setitem__(1, 5), "steps[1] is int 5, not an object"),

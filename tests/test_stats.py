@@ -73,6 +73,20 @@ def test_a_nan_is_kept_as_it_was_logged(tmp_path):
     assert math.isnan(stats.load(tmp_path / "s.json")["steps"][1]["loss"])
 
 
+def test_a_numpy_or_torch_nan_is_written_as_the_contracts_nan(tmp_path):
+    """np.float32 is not a float: written through str() it became "nan", which the contract does not know."""
+    import numpy as np
+    import torch
+
+    data = make_stats()
+    data["steps"][1]["metrics"].update(entropy=np.float32("nan"), kl_extra=np.float64(0.5), t=torch.tensor(2.5).item(),
+                                       big=np.float32("inf"))
+    stats.write(tmp_path / "s.json", data)
+    raw = json.loads((tmp_path / "s.json").read_text())["steps"][1]["metrics"]
+    assert raw["entropy"] == "NaN" and raw["big"] == "Infinity" and raw["kl_extra"] == 0.5
+    assert math.isnan(stats.load(tmp_path / "s.json")["steps"][1]["metrics"]["entropy"])
+
+
 @pytest.mark.parametrize(
     "break_it, expected",
     [

@@ -17,8 +17,12 @@ def _write(text: str, out: str | None, force: bool) -> None:
     path = Path(out)
     if path.exists() and not force:
         sys.exit(f"error: {path} exists; pass --force to overwrite it or choose another -o")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    try:
+        stats.write_text(path, text)  # a full disk leaves the old file (or none), never a truncated one
+    except OSError as error:
+        kept = "the file there is unchanged" if path.exists() else "nothing was written"
+        sys.exit(f"error: {path} could not be written ({error.strerror or error}); {kept}: free space or choose "
+                 f"another -o")
     print(f"wrote {path}", file=sys.stderr)
 
 

@@ -220,6 +220,35 @@ def is_local(config: dict) -> bool:
     return model_local and data_local
 
 
+def _files_under(path: Path) -> list[Path]:
+    """A file, or every file in a folder (not in hidden folders such as .git or .cache)."""
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                                                                           p.relative_to(path).parts[:-1]))
+
+
+def local_input_files(config: dict) -> list[str]:
+    """The user's own files that a run reads: their model folder, their data set's folder or files. The train
+    rule takes them as inputs, so that Snakemake reruns a job whose model or data changed, and the run cache keys
+    on their content. (The built tiny and random models and the tiny data are outputs of rules already.)"""
+    found = []
+    model = config["model"]
+    if model not in (TINY, RANDOM) and Path(model).expanduser().exists():
+        found += _files_under(Path(model).expanduser())
+    dataset = config["dataset"]
+    if dataset["path"] != TINY and Path(dataset["path"]).expanduser().exists():
+        found += _files_under(Path(dataset["path"]).expanduser())
+    if dataset["path"] in FILE_BUILDERS:
+        import glob
+
+        files = dataset.get("data_files") or []  # a path or a pattern (the schema takes one string)
+        for name in [files] if isinstance(files, str) else files:
+            if "://" not in name:
+                found += sorted(Path(p) for p in glob.glob(str(Path(name).expanduser())) if Path(p).is_file())
+    return [str(p) for p in dict.fromkeys(found)]
+
+
 def _local_data_problems(dataset: dict) -> list[str]:
     """The data file of a file builder: there, not empty, with the prompt and answer columns (json lines, csv)."""
     files = dataset.get("data_files")
@@ -250,7 +279,12 @@ def _local_data_problems(dataset: dict) -> list[str]:
         elif dataset["path"] == "csv":
             import csv
 
-            present = set(next(csv.reader([first])))
+            with open(path, encoding="utf-8", errors="replace", newline="") as f:
+                rows = (row for row in csv.reader(f) if any(cell.strip() for cell in row))
+                present, data_row = set(next(rows, [])), next(rows, None)
+            if data_row is None:  # load_dataset would only fail after the model is loaded
+                problems.append(f"dataset.data_files: {name} has a header but no rows; it needs one problem per row")
+                continue
         else:
             continue
         missing = [c for c in columns if c not in present]

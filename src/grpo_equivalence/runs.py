@@ -40,6 +40,7 @@ def load_runs(paths) -> dict:
         try:
             run = stats.load(path)
             stats.check_complete(run, path)
+            stats.check_consistent(run, path)
             runs[path] = run
         except stats.StatsError as error:
             problems.append(str(error))

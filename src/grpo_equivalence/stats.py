@@ -8,6 +8,7 @@ import contextlib
 import gzip
 import json
 import math
+import numbers
 import os
 import re
 import time
@@ -143,9 +144,14 @@ def step_records(records: dict[int, dict]) -> list[dict]:
 NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 # Step values that are numbers (or null where the trainer did not log them, or NON_FINITE markers).
 STEP_NUMBERS = ("loss", "grad_norm", "reward", "kl")
+# Keys of a step's `metrics` that the summary and the verdicts compute with: numbers, null or NON_FINITE markers
+# (any other key the trainer logged is kept as it was logged).
+READ_METRICS = ("completions/mean_length", "completions/max_length", "entropy", "frac_reward_zero_std")
 
 
 def _encode(value):
+    if isinstance(value, numbers.Real) and not isinstance(value, (int, float)):
+        value = float(value)  # a numpy or torch scalar, NaN included, is a number here, not its str()
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
@@ -162,17 +168,36 @@ def to_json(value) -> str:
 
 def write(path: Path, stats: dict) -> None:
     """Checks the run against the contract and writes it (write_json)."""
-    check(stats, path)
-    write_json(path, stats)
+    write_text(path, checked_json(stats, path))
+
+
+def checked_json(stats: dict, path) -> str:
+    """The run as the text of its statistics file, checked against the contract (StatsError otherwise)."""
+    encoded = _encode(stats)  # numpy and torch scalars as the numbers they are, before they are checked
+    check(encoded, path)
+    return to_json(encoded)
 
 
 def write_json(path: Path, value) -> None:
-    """Writes atomically: a crash mid-write never leaves a truncated file that looks complete."""
+    """Writes atomically (write_text)"""
+    write_text(path, to_json(value))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Writes atomically: a crash or a full disk mid-write never leaves a truncated file that looks complete (nor
+    replaces a whole one), and no `.partial` file stays behind when the write fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(to_json(value))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it the file
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_json(path: Path, what: str = "statistics file", fix: str = "rerun the train job that wrote it"):
@@ -233,6 +258,10 @@ def check(stats, path) -> None:
     for key, (kind, said) in kinds.items():
         if not isinstance(stats[key], kind) or (kind is str and not stats[key]):
             raise StatsError(f"{path}: {key} is {_describe(stats[key])}, not {said}")
+    for section in ("trainer", "generation", "lora"):  # read key by key by the report
+        value = stats["effective_config"].get(section)
+        if value is not None and not isinstance(value, dict):
+            raise StatsError(f"{path}: effective_config.{section} is {_describe(value)}, not an object (or null)")
     for key in ("max_steps", "seed"):
         if not isinstance(stats[key], int) or isinstance(stats[key], bool) or (key == "max_steps" and stats[key] < 1):
             raise StatsError(f"{path}: {key} is {_describe(stats[key])}, not a {'positive ' if key == 'max_steps' else ''}integer")
@@ -276,6 +305,11 @@ def check(stats, path) -> None:
             raise StatsError(f"{where}: peak_mem_gb is {_describe(peak)}, not a number of GB (or null)")
         if "metrics" in step and not isinstance(step["metrics"], dict):
             raise StatsError(f"{where}: metrics is {_describe(step['metrics'])}, not an object")
+        for key in READ_METRICS:  # the trainer's keys that summaries and verdicts compute with
+            value = step.get("metrics", {}).get(key)
+            if not (value is None or _is_number(value) or value in NON_FINITE):
+                raise StatsError(f"{where}: metrics.{key} is {_describe(value)}, not a number (null where not logged; "
+                                 f"{', '.join(map(repr, NON_FINITE))} for a non-finite value)")
         profile = step.get(PROFILE, {})
         if not isinstance(profile, dict) or not all(_is_number(v) and v >= 0 for v in profile.values()):
             raise StatsError(f"{where}: {PROFILE} is not an object of seconds per timed block")
@@ -286,6 +320,21 @@ def check_complete(stats: dict, path) -> None:
     if len(stats["steps"]) != stats["max_steps"]:
         raise StatsError(f"{path}: {len(stats['steps'])} of max_steps={stats['max_steps']} steps recorded: the run "
                          f"stopped early; rerun it, or remove the file")
+
+
+def check_consistent(stats: dict, path) -> None:
+    """The run's totals agree with its steps: the steps' wall times fit in the run's (each step is timed inside
+    trainer.train()), and the run's wall time fits between its recorded start and end. A file edited by hand or
+    damaged fails here, where its fields one by one look fine."""
+    steps_s = sum(step["wall_s"] for step in stats["steps"])
+    # Rounding of the recorded figures only: the timers nest, so there is no other slack
+    if steps_s > stats["train_wall_s"] * 1.001 + 0.01:
+        raise StatsError(f"{path}: its steps took {steps_s:.3f} s but train_wall_s is {stats['train_wall_s']:.3f} s; "
+                         f"the file was changed after it was written: rerun the train job that wrote it")
+    began, ended = stats.get("train_started_at"), stats.get("train_finished_at")
+    if _is_number(began) and _is_number(ended) and ended - began < stats["train_wall_s"] * 0.999 - 0.01:
+        raise StatsError(f"{path}: train_wall_s {stats['train_wall_s']:.3f} s is longer than the {ended - began:.3f} s "
+                         f"between train_started_at and train_finished_at; rerun the train job that wrote it")
 
 
 # The statistics file's name, as a regex: grpo_<backend>_<steps>.json, and for a run reseeded to measure

@@ -1,11 +1,9 @@
 """Rule compare: a candidate's runs against the reference's at one step count: step by step, against the
 reference's seed-to-seed noise floor, with a verdict per metric."""
 
-from pathlib import Path
-
 from grpo_equivalence import jobs, stats
 from grpo_equivalence.compare import compare
 
 a = jobs.arguments()
 reference, candidate = ([stats.load(p) for p in a[role]] for role in ("reference", "candidate"))
-Path(a["out"]).write_text(stats.to_json(compare(reference, candidate, alpha=a["alpha"], margin=a["margin"])))
+stats.write_text(a["out"], stats.to_json(compare(reference, candidate, alpha=a["alpha"], margin=a["margin"])))

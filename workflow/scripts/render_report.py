@@ -4,7 +4,7 @@ import json
 import os
 from pathlib import Path
 
-from grpo_equivalence import jobs, report, rollout, runs
+from grpo_equivalence import jobs, report, rollout, runs, stats
 
 a = jobs.arguments()
 out = Path(a["out"])
@@ -16,4 +16,4 @@ text = report.render(summaries=[json.loads(Path(p).read_text()) for p in a["summ
                      alpha=a["verdict"]["alpha"], margin=a["verdict"]["margin"],
                      rollout=report.rollout_section([rollout.load(p) for p in a["rollout"]], a["reference"],
                                                     alpha=a["verdict"]["alpha"], settings=a["rollout_check"]))
-out.write_text(text)
+stats.write_text(out, text)
