@@ -97,12 +97,87 @@ def test_respects_the_users_cuda_visible_devices(monkeypatch, tmp_path):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
-def test_under_slurm_the_lease_steps_aside(monkeypatch, tmp_path):
-    monkeypatch.setenv("SLURM_JOB_ID", "42")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    monkeypatch.setenv(gpus.LOCK_DIR_ENV, str(tmp_path))
-    lease = gpus.acquire(1)
-    assert lease.source == "slurm" and lease.devices == ["1"] and not list(tmp_path.iterdir())
+def overlaps(held):
+    """Pairs of records that held one device at the same time."""
+    return [(a, b) for i, a in enumerate(held) for b in held[i + 1:]
+            if a[0] == b[0] and not (a[2] <= b[1] or b[2] <= a[1])]
+
+
+def test_a_job_submitted_to_slurm_takes_the_devices_slurm_gave_it(fake_gpus, tmp_path):
+    """The SLURM executor runs each job under a `snakemake --target-jobs ...` process inside the job's own
+    allocation. Stand-in for that process: a script named snakemake with those arguments (the real executor
+    is exercised by test_slurm)."""
+    env = fake_gpus("0,1")
+    env.update(SLURM_JOB_ID="42", CUDA_VISIBLE_DEVICES="1")
+    wrapper = tmp_path / "bin" / "snakemake"
+    wrapper.parent.mkdir()
+    wrapper.write_text("import subprocess, sys\nsys.exit(subprocess.run(sys.argv[3:]).returncode)\n")
+    record = tmp_path / "record"
+    job = subprocess.run([sys.executable, str(wrapper), "--target-jobs", "train:backend=hf",
+                          sys.executable, "-m", "grpo_equivalence.gpus", "1", "--", sys.executable, "-c", JOB,
+                          str(record), "0"], env=env, capture_output=True, text=True)
+    assert job.returncode == 0, job.stderr
+    (devices, _, _), = intervals(record)
+    assert devices == "1" and not (tmp_path / "locks").exists()  # SLURM's device, no lease taken
+
+
+def test_local_jobs_inside_an_allocation_lease_distinct_devices(fake_gpus, tmp_path):
+    """Snakemake started in an `salloc` shell runs its jobs locally with SLURM_JOB_ID set: they share the
+    allocation's devices, so they must lease them like any local jobs."""
+    env = fake_gpus("0,1")
+    env.update(SLURM_JOB_ID="42", SLURM_JOB_GPUS="0,1")
+    record = tmp_path / "record"
+    jobs = [start_job(env, record, 1.0) for _ in range(3)]
+    assert all(job.wait() == 0 for job in jobs)
+    held = intervals(record)
+    assert len(held) == 3 and {d for d, _, _ in held} == {"0", "1"}
+    assert not overlaps(held), "two jobs held one device at once"
+
+
+def test_a_lease_folder_of_another_user_is_refused(fake_gpus, tmp_path):
+    """Another local user who creates the folder first could hold, delete or redirect the leases."""
+    env = fake_gpus("0")
+    folder = tmp_path / "locks"
+    folder.mkdir(mode=0o700)
+    if os.getuid() == 0:
+        os.chown(folder, 12345, 12345)  # a real folder of another uid
+    else:
+        folder.chmod(0o777)  # not ours to chown: open to others is refused the same way
+    job = start_job(env, tmp_path / "record", 0)
+    err = job.communicate()[1]
+    assert job.returncode != 0 and not (tmp_path / "record").exists()
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"GPU lease folder {folder}" in err and gpus.LOCK_DIR_ENV in err
+
+
+def test_a_linked_lock_file_is_never_followed(fake_gpus, tmp_path):
+    """A link planted at gpu-0.lock must not make the job write into the file it points at."""
+    env = fake_gpus("0")
+    folder = tmp_path / "locks"
+    folder.mkdir(mode=0o700)
+    victim = tmp_path / "victims_file"
+    victim.write_text("precious\n")
+    (folder / "gpu-0.lock").symlink_to(victim)
+    job = start_job(env, tmp_path / "record", 0)
+    err = job.communicate()[1]
+    assert job.returncode != 0 and victim.read_text() == "precious\n"
+    assert len(err.strip().splitlines()) == 1 and "gpu-0.lock" in err and "Traceback" not in err
+
+
+def test_a_linked_lease_folder_is_refused(fake_gpus, tmp_path):
+    env = fake_gpus("0")
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "locks").symlink_to(tmp_path / "elsewhere")
+    job = start_job(env, tmp_path / "record", 0)
+    err = job.communicate()[1]
+    assert job.returncode != 0 and "is a link" in err and not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_the_default_lease_folder_is_private(monkeypatch):
+    monkeypatch.delenv(gpus.LOCK_DIR_ENV, raising=False)
+    folder = gpus.lock_dir()
+    info = os.lstat(folder)
+    assert info.st_uid == os.getuid() and info.st_mode & 0o777 == 0o700
 
 
 def test_too_few_visible_devices_is_an_error_not_a_wait(fake_gpus):

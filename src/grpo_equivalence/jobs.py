@@ -45,31 +45,52 @@ def _parent(pid: int) -> int | None:
 
 
 def _start_time(pid: int) -> str | None:
+    """When `pid` started (to tell it from a later process given the same id), or None once it is gone: ended,
+    or a zombie, which has ended but whose parent (a script that killed Snakemake, say) has not reaped it."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
         return None
+    if len(fields) < 20 or fields[0] in ("Z", "X"):  # zombie or dead: its /proc entry outlives the process
+        return None
+    return fields[19]
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
 
 
 def _is_snakemake(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().decode(errors="replace").split("\0")
-    except OSError:
-        return False
     # `snakemake ...`, `python .../bin/snakemake ...` or `python -m snakemake ...`
-    return any(Path(arg).name == "snakemake" for arg in argv[:3])
+    return any(Path(arg).name == "snakemake" for arg in _argv(pid)[:3])
+
+
+def _ancestors():
+    pid = _parent(os.getpid())
+    while pid and pid > 1:
+        yield pid
+        pid = _parent(pid)
+
+
+def under_slurm_executor() -> bool:
+    """Whether this job is one that Snakemake submitted to SLURM (its own allocation, with its own devices),
+    rather than a job of a local Snakemake that happens to run inside an allocation (an `salloc` shell, an
+    sbatch script, an `srun --pty` shell). A submitted job runs under a `snakemake --target-jobs ...` process
+    that executes that one job (started by sbatch, then through `srun`, so it need not descend from the
+    workflow's own Snakemake); a local Snakemake runs its shell jobs itself."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return False
+    return any("--target-jobs" in _argv(pid) for pid in _ancestors() if _is_snakemake(pid))
 
 
 def workflow_process() -> int | None:
     """The Snakemake process this job runs under (its nearest ancestor running snakemake), if any."""
-    pid = _parent(os.getpid())
-    while pid and pid > 1:
-        if _is_snakemake(pid):
-            return pid
-        pid = _parent(pid)
-    return None
+    return next((pid for pid in _ancestors() if _is_snakemake(pid)), None)
 
 
 def stop_with_workflow(log=print, poll_s: float = 1.0) -> int | None:
@@ -85,7 +106,7 @@ def stop_with_workflow(log=print, poll_s: float = 1.0) -> int | None:
     started = _start_time(pid)
 
     def watch():
-        while _start_time(pid) == started:  # a recycled pid has another start time
+        while started is not None and _start_time(pid) == started:  # a recycled pid has another start time
             time.sleep(poll_s)
         log(f"the workflow that started this job (snakemake, pid {pid}) is gone: stopping, so that no orphan "
             f"job holds its GPU; rerun snakemake to run this job again")
