@@ -7,6 +7,8 @@ process group), as a user's `kill` or a scheduler would.
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +49,12 @@ def study(workdir: Path, **changes) -> Path:
     path = workdir / "study.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def trained(log: str) -> bool:
+    """Whether a train job's log says it trained (not counting the original log a restored run prints back,
+    each of its lines behind "| ")."""
+    return any("] training" in line for line in log.splitlines() if not line.startswith("| "))
 
 
 def start(workdir: Path, env: dict, *args: str) -> subprocess.Popen:
@@ -131,7 +139,7 @@ def test_rerun_incomplete_restores_finished_runs_instead_of_training_them(interr
     assert incomplete, interrupted["plan"][-2000:]  # Snakemake listed the finished runs as incomplete
     for name in incomplete:
         log = (workdir / "results/logs/train" / name.removeprefix("grpo_").replace(".json", ".log")).read_text()
-        assert "restored from the run cache" in log and "] training" not in log, log[-2000:]
+        assert "restored from the run cache" in log and not trained(log), log[-2000:]
     for name, content in interrupted["finished"].items():
         assert (workdir / "results/stats" / name).read_bytes() == content  # the very runs, none trained again
     assert (workdir / "results/grpo_equivalence.md").exists()
@@ -142,44 +150,133 @@ def test_a_local_study_makes_no_network_call_whatever_the_environment(interrupte
     assert not log.exists(), log.read_text()[:3000]
 
 
-def test_train_jobs_stop_when_snakemake_is_killed(tmp_path):
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_train_jobs_stop_when_snakemake_is_killed(tmp_path, reaped):
     """SIGKILL leaves Snakemake no chance to stop its jobs: they must notice and stop themselves, or they
-    would train on as orphans (holding a GPU) beside a rerun that --unlock allows."""
+    would train on as orphans (holding a GPU) beside a rerun that --unlock allows. A parent that kills
+    Snakemake without reaping it leaves a zombie, whose /proc entry looks like a live process: gone all the
+    same."""
     study(tmp_path, backends=["hf"], reference="hf", steps=[200], replicates={"reference": 1, "others": 1})
     proc = start(tmp_path, dict(os.environ))
     (log,) = wait_until_training(tmp_path, proc)
     jobs = train_processes(tmp_path)
     assert jobs, "the running train job was not found"
     proc.kill()
-    proc.wait()
+    if reaped:
+        proc.wait()
     while any(alive(pid) for pid in jobs):
         time.sleep(0.2)
+    if not reaped:  # the jobs stopped while Snakemake was still a zombie
+        assert Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        proc.wait()
     assert "the workflow that started this job (snakemake" in log.read_text()
     assert not (tmp_path / "results/stats/grpo_hf_200.json").exists()  # stopped, not finished
 
 
-def test_run_cache_key_follows_settings_code_and_input_content(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "weights").write_bytes(b"abc")
-    base = runcache.key({"lr": 1}, "code1", [model])
-    assert base == runcache.key({"lr": 1}, "code1", [model])
-    assert base != runcache.key({"lr": 2}, "code1", [model])
-    assert base != runcache.key({"lr": 1}, "code2", [model])
-    (model / "weights").write_bytes(b"abd")
-    assert base != runcache.key({"lr": 1}, "code1", [model])
+# --- The run cache on a user's own model and data ---------------------------------------------------------------
+
+RUN = "results/stats/grpo_hf_4.json"
+LOG = "results/logs/train/hf_4.log"
 
 
-def test_run_cache_never_restores_a_damaged_or_partial_run(tmp_path):
-    cache, out = tmp_path / "cache", tmp_path / "out.json"
-    whole = tmp_path / "whole.json"
-    stats.write(whole, make_stats("hf", 5))
-    runcache.store("k", whole, cache)
-    assert runcache.restore("k", out, cache)["max_steps"] == 5 and out.read_bytes() == whole.read_bytes()
-    partial = make_stats("hf", 5)
-    partial["steps"] = partial["steps"][:3]
-    stats.write(runcache.entry("k", cache), partial)
-    assert runcache.restore("k", tmp_path / "other.json", cache) is None
-    runcache.entry("k", cache).write_text("{truncated")
-    assert runcache.restore("k", tmp_path / "other.json", cache) is None
-    assert runcache.restore("absent", tmp_path / "other.json", cache) is None
+def own_study(workdir: Path, primed: dict) -> None:
+    """The tiny study on a model folder and a data file of the user's (copies of the primed tiny model and its
+    data), one run of hf at 4 steps."""
+    shutil.copytree(primed["model"], workdir / "my-model")
+    shutil.copy(primed["dataset"]["data_files"], workdir / "data.jsonl")
+    study(workdir, backends=["hf"], reference="hf", steps=[4], replicates={"reference": 1, "others": 1},
+          model=str(workdir / "my-model"), dataset={"path": "json", "data_files": str(workdir / "data.jsonl")})
+
+
+def run(workdir: Path, *args: str, env=None, prefix=()) -> subprocess.CompletedProcess:
+    """Snakemake on the run of `own_study` alone (no summaries, no report: only the train job matters here)."""
+    return subprocess.run([*prefix, sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                           str(workdir), RUN, "--cores", "2", "--config", f"study={workdir / 'study.yaml'}", *args],
+                          capture_output=True, text=True, env=env)
+
+
+def rewards(workdir: Path) -> list:
+    return [step["reward"] for step in json.loads((workdir / RUN).read_text())["steps"]]
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory, primed):
+    workdir = tmp_path_factory.mktemp("own")
+    own_study(workdir, primed)
+    first = run(workdir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return workdir
+
+
+def test_a_changed_local_data_file_retrains_and_changes_the_run(own):
+    before, log_before = rewards(own), (own / LOG).read_text()
+    assert trained(log_before)
+    data = own / "data.jsonl"
+    saved = data.read_text()
+    data.write_text(re.sub(r'"solution": "\d+"', '"solution": "999"', saved))
+    try:
+        again = run(own)
+        assert again.returncode == 0, again.stderr[-3000:]
+        log = (own / LOG).read_text()
+        assert trained(log) and "restored from the run cache" not in log, log[-2000:]
+        assert rewards(own) != before  # every answer is now wrong: check_answer scores differ
+    finally:
+        data.write_text(saved)
+
+
+def test_forcerun_trains_although_the_cache_holds_the_run(own):
+    result = run(own, "--forcerun", "train")
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (own / LOG).read_text()
+    assert "snakemake was told to rerun this job: training, not restoring" in log and trained(log)
+
+
+def test_a_missing_output_is_restored_with_its_original_training_log(own):
+    original = (own / LOG).read_text()
+    (own / RUN).unlink()
+    result = run(own)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (own / LOG).read_text()
+    assert "restored from the run cache" in log and not trained(log)
+    printed_back = [line.removeprefix("| ") for line in log.splitlines() if line.startswith("| ")]
+    assert printed_back == original.splitlines()[:len(printed_back)] and any("] training" in line for line in printed_back)
+
+
+def test_run_cache_false_trains_a_run_the_cache_holds(own):
+    (own / RUN).unlink()
+    result = run(own, "run_cache=false")  # one more --config pair
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (own / LOG).read_text()
+    assert "not using the run cache: the run cache is off" in log and trained(log)
+
+
+def test_a_tampered_cache_entry_is_refused_and_the_run_trained_again(own):
+    entries = sorted((own / "results/cache/runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    entry = [p for p in entries if p.name != runcache.DIGESTS][-1]  # the entry of the data as it is now
+    honest = rewards(own)
+    data = json.loads(entry.read_text())
+    for step in data["steps"]:
+        step["reward"] += 5
+    entry.write_text(json.dumps(data))
+    (own / RUN).unlink()
+    result = run(own)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (own / LOG).read_text()
+    assert f"run cache entry {entry.relative_to(own)} refused: its content does not match the digest" in log
+    assert trained(log) and max(rewards(own)) < max(honest) + 5
+
+
+def test_a_full_disk_at_the_end_of_training_loses_nothing(own):
+    """results/stats is a 4 kB tmpfs while the job trains: it fails naming the path, and the next run restores
+    the run it finished instead of training it again."""
+    namespace = ["unshare", "--mount"] + ([] if os.getuid() == 0 else ["--map-root-user"])
+    mount = ["sh", "-c", 'mount -t tmpfs -o size=4k tmpfs "$0" && exec "$@"', str(own / "results/stats")]
+    (own / RUN).unlink()  # the tmpfs hides it from the job, not from this test
+    full = run(own, "--forcerun", "train", prefix=[*namespace, *mount])
+    assert full.returncode != 0
+    log = (own / LOG).read_text()
+    assert trained(log) and f"{RUN} could not be written (No space left on device)" in log, log[-3000:]
+    assert "the finished run is kept in results/cache/runs/" in log and "Traceback" not in log
+    again = run(own)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "restored from the run cache" in (own / LOG).read_text()

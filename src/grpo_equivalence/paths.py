@@ -18,4 +18,5 @@ TINY_DATA = "results/tiny/data/train.jsonl"
 PRIMED_MODEL = "results/tiny/primed"
 RANDOM_MODEL = "results/random/model"  # a real architecture with random weights (model: random)
 LOG = "results/logs/{name}.log"  # one log per job, name given by the rule
+TRAIN_LOG = "train/{backend}_{steps}{replicate}"  # a train job's log name (LOG's {name})
 RUN_CACHE = "results/cache/runs"  # finished runs by content key (runcache): never trained twice

@@ -1,67 +1,345 @@
-"""Finished runs are never trained twice: a cache of statistics files keyed by everything a run depends on.
+"""Finished runs are never trained twice, and a restored run is the run that was asked for.
 
-A train job's result is fixed by its settings (the config values it reads), its code (the hash of the
-modules it runs) and the content of its input files (the built model and data). When the workflow is
-interrupted, a run that finished may still be marked incomplete by Snakemake, and `--rerun-incomplete`
-reruns its job: the job then finds the run here under the same key and restores it in a second instead
-of training again. Any change of settings, code or inputs is another key, so a stale run is never restored.
+A train job's result is fixed by its settings (the config values it reads), its code (the hash of the modules
+it runs), the content of its input files (the built model and data, or the user's own model folder and data
+files), the revision of a hub model or data set, the versions of the packages that train, and the GPU model.
+The cache key covers all of these. When the workflow is interrupted, a run that finished may still be marked
+incomplete by Snakemake, and `--rerun-incomplete` reruns its job: the job then finds the run here under the
+same key and restores it in a second instead of training again. Any change of these is another key, so a stale
+run is never restored.
+
+An entry is the statistics file (`KEY.json`), its sha256 (`KEY.sha256`) and the job's training log (`KEY.log`).
+An entry whose digest or statistics do not check out is refused with one line, set aside (`.refused-...`, never
+deleted) and the run is trained again. A job that Snakemake was told to rerun (`--forcerun`, `--forceall`,
+`-f` on its file) trains and replaces the entry; `--config run_cache=false` or GRPO_EQUIVALENCE_RUN_CACHE=off
+turns the cache off.
+
+A run that cannot be written where it belongs (a full disk) is kept in the first place that takes it (the
+cache, the job's log folder, the user's runtime folder, /dev/shm), each searched by the next run's restore, and
+as a last resort printed to the job's stderr.
 """
 
 import hashlib
 import json
 import os
 import shutil
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from . import stats
 from .paths import RUN_CACHE
 
+SWITCH_ENV = "GRPO_EQUIVALENCE_RUN_CACHE"  # "off": no restore, no store
+FORCED_ENV = "GRPO_EQUIVALENCE_FORCED_RUNS"  # the statistics files Snakemake was told to rerun (JSON list)
+RESCUE_ENV = "GRPO_EQUIVALENCE_RESCUE_DIRS"  # where a run goes when its own disk is full (os.pathsep-separated)
+# The packages every backend trains with; a backend adds its own (Backend.packages)
+TRAINING_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
+DIGESTS = "file-digests.json"  # content digests of input files by path, size, times and inode: hashed once
 
-def _content(path: Path, digest) -> None:
-    """Names and bytes of a file, or of every file under a folder, in a fixed order."""
+
+def _digest_file(path: Path, memo: dict) -> str:
+    info = path.stat()
+    # ctime too: a rewrite that keeps size and mtime (`cp -p`, a restore from backup) still changes it
+    mark = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+    known = memo.get(str(path.resolve()))
+    if known and known[:-1] == mark:
+        return known[-1]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    memo[str(path.resolve())] = [*mark, digest.hexdigest()]
+    return digest.hexdigest()
+
+
+def _content(path: Path, digest, memo: dict) -> None:
+    """Names and content digests of a file, or of every file under a folder, in a fixed order."""
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for file in files:
         digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode() + b"\0")
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        digest.update(_digest_file(file, memo).encode())
 
 
-def key(settings: dict, code: str, inputs=()) -> str:
-    """The run's identity: settings, code hash and the content of its input files and folders."""
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode() + b"\0" + code.encode())
+def key(settings: dict, code: str, inputs=(), identity: dict | None = None, cache: Path = Path(RUN_CACHE)) -> str:
+    """The run's identity: settings, code hash, the content of its input files and folders, and `identity`
+    (packages, devices, hub revisions: run_identity)."""
+    digest = hashlib.sha256(json.dumps([settings, identity], sort_keys=True, default=str).encode() + b"\0" +
+                            code.encode())
+    memo_path = Path(cache) / DIGESTS
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    before = dict(memo)
     for path in sorted(map(Path, inputs)):
-        _content(path, digest)
+        _content(path, digest, memo)
+    if memo != before:
+        try:
+            stats.write_text(memo_path, json.dumps(memo))  # a lost update only costs another hash
+        except OSError:
+            pass
     return digest.hexdigest()[:32]
+
+
+def package_versions(backend_name: str) -> dict[str, str | None]:
+    """Versions of the packages that train this backend (a newer TRL or torch can change the numbers)."""
+    from . import backends
+
+    names = list(TRAINING_PACKAGES)
+    for _, requirement in backends.get(backend_name).packages:
+        name = requirement.split(";")[0].split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip()
+        names += [name] + (["unsloth_zoo"] if name == "unsloth" else [])
+    versions = {}
+    for name in dict.fromkeys(names):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def device_names(gpus_per_job: int) -> list[str]:
+    """The models of the GPUs this job may lease (asked of the driver, so no CUDA context is made before the
+    lease), or ["cpu"] for a CPU study."""
+    if gpus_per_job == 0:
+        return ["cpu"]
+    from .gpus import visible_devices
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ["unknown"]
+    visible = set(visible_devices())
+    rows = [[cell.strip() for cell in line.split(",", 2)] for line in out.splitlines() if line.count(",") >= 2]
+    names = {name for index, uuid, name in rows if not visible or index in visible or uuid in visible}
+    return sorted(names) or ["unknown"]
+
+
+def hub_revision(repo_id: str, repo_type: str) -> str | None:
+    """The commit a hub id resolves to now: asked of the hub where the network may be used, else read from the
+    local hub cache (what from_pretrained/load_dataset will load offline); None where neither knows."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("0", "false", "no", ""):
+        try:
+            from huggingface_hub import HfApi
+
+            info = (HfApi().model_info if repo_type == "model" else HfApi().dataset_info)(repo_id, timeout=30)
+            if info.sha:
+                return info.sha
+        except Exception:  # no network, no such repo, a gated one: the cache may still know
+            pass
+    from huggingface_hub import constants
+
+    ref = Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}" / "refs" / "main"
+    try:
+        return ref.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def run_identity(config: dict, backend: str, model_path: str, dataset: dict) -> tuple[dict | None, str]:
+    """What beyond settings, code and input files fixes a run's numbers, or (None, why) where a hub id's
+    revision is unknown (then the cache is not used: a run of another revision must not be restored)."""
+    from .config import FILE_BUILDERS
+
+    revisions = {}
+    hub = [(model_path, "model")] if not Path(model_path).expanduser().exists() else []
+    if dataset["path"] not in FILE_BUILDERS and not Path(dataset["path"]).expanduser().exists():
+        hub.append((dataset["path"], "dataset"))
+    for repo_id, repo_type in hub:
+        revisions[f"{repo_type}:{repo_id}"] = hub_revision(repo_id, repo_type)
+        if revisions[f"{repo_type}:{repo_id}"] is None:
+            return None, (f"the revision of the hub {repo_type} {repo_id} is not known (no network, and not in the hub "
+                          f"cache)")
+    return {"packages": package_versions(backend), "devices": device_names(config["gpus_per_train_job"]),
+            "revisions": revisions}, ""
 
 
 def entry(run_key: str, cache: Path = Path(RUN_CACHE)) -> Path:
     return Path(cache) / f"{run_key}.json"
 
 
-def restore(run_key: str, out: Path, cache: Path = Path(RUN_CACHE)) -> dict | None:
-    """The cached run copied to `out`, or None where there is none (or it is not a whole, valid run)."""
-    path = entry(run_key, cache)
-    if not path.exists():
+def _sidecars(path: Path) -> tuple[Path, Path]:
+    return path.with_suffix(".sha256"), path.with_suffix(".log")
+
+
+def _private_folder(path: Path) -> Path | None:
+    """`path` made 0700 if absent, or None where it is not a folder of this user's alone (a folder under a
+    shared /dev/shm that someone else made first must not receive this user's run)."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)  # not its parents: /run/user/<uid> is the system's to make
+        info = os.lstat(path)
+    except OSError:
+        return None
+    ok = stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+    return path if ok else None
+
+
+def rescue_folders(log_file: Path | None) -> list[Path]:
+    """Where a run goes when the cache's disk is full: the job's log folder, then memory-backed folders (another
+    file system than results/, kept until the machine restarts)."""
+    if os.environ.get(RESCUE_ENV):
+        return [Path(p) for p in os.environ[RESCUE_ENV].split(os.pathsep) if p]
+    folders = [Path(log_file).parent / "rescued"] if log_file else []
+    return folders + [Path(f"/run/user/{os.getuid()}/grpo-equivalence-rescued"),
+                      Path(f"/dev/shm/grpo-equivalence-rescued-{os.getuid()}")]
+
+
+@dataclass
+class JobCache:
+    """The run cache as one train job uses it."""
+
+    key: str | None  # None: this job neither restores nor stores (why says why)
+    why: str
+    restore_allowed: bool  # False for a job Snakemake was told to rerun: it trains and replaces the entry
+    cache: Path = Path(RUN_CACHE)
+    log_file: Path | None = None
+
+    def places(self) -> list[Path]:
+        """The cache, then the rescue folders that exist and are this user's alone."""
+        return [self.cache, *(f for f in rescue_folders(self.log_file) if f.exists() and _private_folder(f))]
+
+
+def for_job(args: dict, settings: dict) -> JobCache:
+    """The cache of a train job from its arguments (jobs.arguments) and the settings its key covers."""
+    log_file = Path(args["log"]) if args.get("log") else None
+    if os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "false", "no") or args.get("run_cache") is False:
+        return JobCache(None, "the run cache is off (run_cache: false, or GRPO_EQUIVALENCE_RUN_CACHE=off)", False,
+                        log_file=log_file)
+    identity, why = run_identity(args["config"], args["backend"], args["model_path"], args["dataset"])
+    if identity is None:
+        return JobCache(None, why, False, log_file=log_file)
+    forced = json.loads(os.environ.get(FORCED_ENV, "[]"))
+    return JobCache(key(settings, args["code"], args["inputs"], identity), "",
+                    restore_allowed=str(args["out"]) not in forced, log_file=log_file)
+
+
+def _refuse(path: Path, reason: str, log) -> None:
+    """Sets a bad entry aside (never deleted: it may be the only copy of something) and says so in one line."""
+    aside = path.with_name(f"{path.name}.refused-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        os.replace(path, aside)
+        where = f"set aside as {aside}"
+    except OSError as error:
+        where = f"left in place ({error.strerror})"
+    log(f"run cache entry {path} refused: {reason}; {where}; training instead")
+
+
+def _verified(path: Path, log) -> tuple[dict, bytes] | None:
+    """The entry's run and bytes where its digest and statistics check out; refused (and None) otherwise."""
+    digest_file = _sidecars(path)[0]
+    try:
+        data = path.read_bytes()
+        recorded = digest_file.read_text().strip()
+    except FileNotFoundError:
+        _refuse(path, f"it has no digest ({digest_file.name})", log)
+        return None
+    if hashlib.sha256(data).hexdigest() != recorded:
+        _refuse(path, "its content does not match the digest written with it (edited or damaged)", log)
         return None
     try:
         run = stats.load(path)
         stats.check_complete(run, path)
-    except stats.StatsError:
-        return None  # a damaged entry is a miss: the job trains and overwrites it
-    _copy(path, Path(out))
-    return run
+        stats.check_consistent(run, path)
+    except stats.StatsError as error:
+        _refuse(path, str(error).replace(f"{path}: ", ""), log)
+        return None
+    return run, data
 
 
-def store(run_key: str, out: Path, cache: Path = Path(RUN_CACHE)) -> Path:
-    path = entry(run_key, cache)
-    _copy(Path(out), path)
+def restore(job: JobCache, out: Path, log=print) -> dict | None:
+    """The cached run copied to `out`, its training log printed back, or None where there is none to trust."""
+    if job.key is None or not job.restore_allowed:
+        return None
+    for folder in job.places():
+        path = entry(job.key, folder)
+        if not path.exists():
+            continue
+        found = _verified(path, log)
+        if found is None:
+            continue
+        run, data = found
+        stats.write_text(out, data.decode())
+        if folder != job.cache:  # rescued: back into the cache, where it belongs, now that there may be room
+            try:
+                _write_entry(job.key, data.decode(), _read(_sidecars(path)[1]), job.cache)
+            except OSError:
+                pass
+        finished = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.get("train_finished_at", 0)))
+        log(f"[{run['backend']} x {run['max_steps']}] restored from the run cache ({path}, trained until {finished}): "
+            f"settings, code, input content, hub revisions, package versions and GPU model are those of this job, "
+            f"so it is not trained again (--forcerun train, or --config run_cache=false, trains it anyway)")
+        original = _read(_sidecars(path)[1])
+        if original:
+            log("its training log, as it was written then:\n" + "\n".join(f"| {line}" for line in original.splitlines()))
+        return run
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _write_entry(run_key: str, text: str, log_text: str, folder: Path) -> Path:
+    """The entry's log, its statistics, then its digest: an entry without a digest is never restored, so a
+    write cut short leaves nothing that could be taken for a whole run."""
+    path = entry(run_key, folder)
+    digest_file, log_copy = _sidecars(path)
+    digest_file.unlink(missing_ok=True)
+    stats.write_text(log_copy, log_text)
+    stats.write_text(path, text)
+    stats.write_text(digest_file, hashlib.sha256(text.encode()).hexdigest() + "\n")
     return path
 
 
-def _copy(src: Path, dst: Path) -> None:
-    """Atomic: a reader never sees half a file."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".partial")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+def keep(job: JobCache, result: dict, out: Path, log=print) -> None:
+    """Writes the finished run to the cache and to `out`. Where `out` cannot be written (a full disk), the run is
+    kept in the first place that takes it, and the job fails naming both; the next run restores it from there."""
+    text = stats.checked_json(result, out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log_text = _read(job.log_file) if job.log_file else ""
+    kept, cache_error = None, None
+    if job.key is not None:
+        try:
+            kept = _write_entry(job.key, text, log_text, job.cache)
+        except OSError as error:
+            cache_error = f"{job.cache}: {error.strerror or error}"
+    try:
+        stats.write_text(out, text)
+        if cache_error:
+            log(f"warning: the run could not be stored in the run cache ({cache_error}); {out} is written, so "
+                f"nothing is lost, but an interrupted workflow would train it again")
+        return
+    except OSError as error:
+        problem = f"{out} could not be written ({error.strerror or error})"
+    for folder in [] if kept else rescue_folders(job.log_file):
+        if _private_folder(folder) is None:
+            continue
+        try:
+            kept = (_write_entry(job.key, text, log_text, folder) if job.key is not None
+                    else _written(folder / Path(out).name, text))
+            break
+        except OSError:
+            continue
+    if kept is not None:
+        how = ("rerun snakemake: the job restores it from there without training" if job.key is not None
+               else f"copy it to {out} (the run cache is off, so no job looks there)")
+        raise SystemExit(f"error: {problem}; the finished run is kept in {kept}. Free space on that disk, then {how}")
+    print(text, file=sys.stderr, flush=True)
+    raise SystemExit(f"error: {problem}, and no other place took the finished run (the run cache, "
+                     f"{', '.join(map(str, rescue_folders(job.log_file)))}); its statistics are printed above: save "
+                     f"them as {out} once there is space")
+
+
+def _written(path: Path, text: str) -> Path:
+    stats.write_text(path, text)
+    return path

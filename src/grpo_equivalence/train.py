@@ -127,8 +127,9 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
 
 
 def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
-        gpu_lease: dict | None = None, log=print) -> dict:
-    """Trains and writes `out`. `model_path`/`dataset` are the config's, resolved (tiny study: built files)."""
+        gpu_lease: dict | None = None, log=print, write=stats.write) -> dict:
+    """Trains and writes `out` (with `write`: the train job's also keeps the run where `out` cannot be written).
+    `model_path`/`dataset` are the config's, resolved (tiny study: built files)."""
     import torch
 
     device = device_for(config["gpus_per_train_job"])
@@ -186,8 +187,8 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         "effective_config": config_read,
         "environment": {**environment.describe(), "gpu_lease": gpu_lease, "memory_bandwidth_gbs": bandwidth},
     }
-    stats.write(out, result)
     log(f"[{backend_name} x {max_steps}] {len(steps)} steps in {train_wall:.1f} s -> {out}")
+    write(out, result)
     return result
 
 

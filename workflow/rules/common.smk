@@ -15,11 +15,12 @@ SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
 
-from grpo_equivalence import backends, paths, schedule
+from grpo_equivalence import backends, paths, runcache, schedule
 from grpo_equivalence.codedeps import code_hash
 from grpo_equivalence.faults import split as fault_split
 from grpo_equivalence.report import TEMPLATE as REPORT_TEMPLATE
-from grpo_equivalence.config import SCHEMA, TINY, RANDOM, ConfigError, architecture_path, check, is_local, load_study, with_overrides
+from grpo_equivalence.config import (SCHEMA, TINY, RANDOM, ConfigError, architecture_path, check, is_local,
+                                     load_study, local_input_files, with_overrides)
 
 
 def study_file():
@@ -65,6 +66,7 @@ SEED = config["grpo"]["seed"]
 SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
 # Model and data on this machine: jobs are told to stay off the network, whatever the environment says.
 OFFLINE = is_local(config)
+LOCAL_INPUTS = local_input_files(config)
 
 
 def job_args(**args):
@@ -103,6 +105,24 @@ def log_for(name):
     return paths.LOG.format(name=name)
 
 
+def train_log(wildcards):
+    return log_for(paths.TRAIN_LOG.format(**wildcards))
+
+
+def forced_train_outputs():
+    """The statistics files of the train jobs the user told Snakemake to rerun: --forceall, --forcerun with the
+    rule or the file, -f/--force with the file as a target. Not the jobs Snakemake reruns as incomplete
+    (--rerun-incomplete forces those too, and they are what the run cache is for)."""
+    s = workflow.dag_settings
+    named = {os.path.normpath(str(t)) for t in [*s.forcerun, *(s.targets if s.forcetargets else ())]}
+    forced = []
+    for job in workflow.dag.needrun_jobs():
+        if job.rule.name == "train" and (s.forceall or "train" in named or
+                                         any(os.path.normpath(str(f)) in named for f in job.output)):
+            forced += [str(f) for f in job.output]
+    return sorted(forced)
+
+
 def model_path():
     """The from_pretrained argument of train jobs: the primed tiny model, the random one, or the config's id or path."""
     return {TINY: paths.PRIMED_MODEL, RANDOM: paths.RANDOM_MODEL}.get(config["model"], config["model"])
@@ -131,6 +151,8 @@ def get_train_inputs(wildcards):
         inputs["model"] = model_path()
     if config["dataset"]["path"] == TINY:
         inputs["data"] = paths.TINY_DATA
+    # The user's own model folder and data files: a changed file reruns the job (and keys the run cache)
+    inputs["local"] = LOCAL_INPUTS
     return inputs
 
 

@@ -19,9 +19,15 @@ rule train:
         ),
         script=entry_point("train"),
         code=train_code,
-        # The run cache's key: these settings, this code, and the content of the inputs (runcache)
+        # The run cache's key: these settings, this code, the content of the inputs, and what the job reads of
+        # its machine (runcache); run_cache: false turns it off without rerunning anything
         io=lambda wildcards, input, output, threads: io_args(
-            out=output[0], threads=threads, code=train_code(wildcards), inputs=list(input)
+            out=output[0],
+            threads=threads,
+            code=train_code(wildcards),
+            inputs=list(input),
+            log=train_log(wildcards),
+            run_cache=config["run_cache"],
         ),
     # Longest expected job first, so that the GPUs finish together (grpo_equivalence.schedule).
     priority: lambda wildcards: schedule.priority(wildcards.backend, int(wildcards.steps))
@@ -31,15 +37,19 @@ rule train:
     conda:
         train_env()
     log:
-        log_for("train/{backend}_{steps}{replicate}"),
+        log_for(paths.TRAIN_LOG),
     shell:
         "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
 
 
+# A job Snakemake was told to rerun (--forcerun, --forceall, -f on its file) trains, whatever the run cache holds:
+# the cache is for interrupted and repeated work, not for overriding an explicit request. Its jobs learn which
+# runs through the environment (inherited by local jobs and by SLURM's).
 # Run locally, a backend that cannot train on this machine stops the workflow before any job starts
 # (each train job checks again at its start, which is what counts on a cluster: there the planning
 # machine, e.g. a login node, need not have the GPU stack).
 onstart:
+    os.environ[runcache.FORCED_ENV] = json.dumps(forced_train_outputs())
     if workflow.local_exec:
         pending = sorted({j.wildcards.backend for j in workflow.dag.needrun_jobs() if j.rule.name == "train"})
         if pending:
