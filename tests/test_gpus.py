@@ -1,10 +1,13 @@
 """GPU leases with a configured device list instead of real GPUs, and real concurrent processes."""
 
+import fcntl
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +58,7 @@ def test_concurrent_jobs_never_share_a_device_and_extra_requests_wait(fake_gpus,
         running += delta
         peak = max(peak, running)
     assert peak == 2
-    assert any("waiting for 1 free GPU" in err for err in stderr)
+    assert any("waiting for 1 GPU(s) with room for a whole GPU" in err for err in stderr)
 
 
 def test_a_killed_jobs_lease_comes_back(fake_gpus, tmp_path):
@@ -225,3 +228,105 @@ def test_jobs_that_see_different_tmpdirs_share_one_lease_folder(tmp_path, monkey
     assert dev_a != dev_b or end_a <= start_b or end_b <= start_a, "two jobs held one device at once"
     for device in devices.split(","):
         (gpus.lock_dir() / f"gpu-{device}.lock").unlink(missing_ok=True)
+
+
+# --- Several jobs on one GPU --------------------------------------------------------------------------------------
+
+# A packed job records, in one line (jobs write to one file at once), its device, when it held it, and what it asked
+PACKED_JOB = "import os, sys, time; t = time.time(); time.sleep(float(sys.argv[2])); " \
+             "open(sys.argv[1], 'a').write(f\"{os.environ['CUDA_VISIBLE_DEVICES']} {t} {time.time()} {' '.join(sys.argv[3:])}\\n\")"
+
+
+def start_packed(env, record, seconds, *, memory_gb=None, share=0.0, jobs_per_gpu=1, run="", count=1):
+    """A job that asks for a share of a GPU (a whole one without memory_gb) and records its lease."""
+    options = ["--jobs-per-gpu", str(jobs_per_gpu), "--run", run, "--share", str(share)]
+    if memory_gb is not None:
+        options += ["--memory-gb", str(memory_gb)]
+    return subprocess.Popen([sys.executable, "-m", "grpo_equivalence.gpus", str(count), *options, "--", sys.executable,
+                             "-c", PACKED_JOB, str(record), str(seconds), run, str(memory_gb or 0), str(share)],
+                            env={**env, "GRPO_EQUIVALENCE_LEASE_RECORD": str(record) + ".leases"},
+                            stderr=subprocess.PIPE, text=True)
+
+
+def held_intervals(record):
+    """(device, start, end, run, memory asked, share asked) per job."""
+    rows = []
+    for line in record.read_text().splitlines():
+        device, start, end, run, memory, share = line.split()
+        rows.append((device, float(start), float(end), run, float(memory), float(share)))
+    return rows
+
+
+def peak_use(rows, capacity):
+    """Per device, the most jobs and the most memory held at one moment."""
+    peaks = {}
+    for device in {r[0] for r in rows}:
+        mine = [r for r in rows if r[0] == device]
+        for _, start, _, _, _, _ in mine:  # the load is highest just after some job started
+            present = [r for r in mine if r[1] <= start < r[2]]
+            jobs, memory = len(present), sum(r[4] + r[5] * capacity for r in present)
+            old = peaks.get(device, (0, 0.0))
+            peaks[device] = (max(old[0], jobs), max(old[1], memory))
+    return peaks
+
+
+def test_packing_never_oversubscribes_a_devices_memory_or_slots(fake_gpus, tmp_path, monkeypatch):
+    env = fake_gpus("0,1")
+    env[gpus.MEMORY_ENV] = "10"
+    record = tmp_path / "record"
+    asks = [(3, 0.0), (4, 0.0), (6, 0.0), (1, 0.3), (2, 0.0), (5, 0.0)] * 3  # GB, and a vLLM-like share
+    jobs = [start_packed(env, record, 0.8, memory_gb=gb, share=share, jobs_per_gpu=3, run=f"job{i}")
+            for i, (gb, share) in enumerate(asks)]
+    assert all(job.wait() == 0 for job in jobs), [job.stderr.read() for job in jobs]
+    rows = held_intervals(record)
+    assert len(rows) == len(asks)
+    peaks = peak_use(rows, capacity=10)
+    for device, (most_jobs, most_gb) in peaks.items():
+        assert most_jobs <= 3, f"GPU {device} held {most_jobs} jobs at once, more than jobs_per_gpu"
+        assert most_gb <= 10 * gpus.USABLE + 1e-9, f"GPU {device} held {most_gb} GB of its 10 GB at once"
+    assert max(jobs for jobs, _ in peaks.values()) > 1, "nothing was packed"
+    leases = [json.loads(line) for line in (tmp_path / "record.leases").read_text().splitlines()]
+    assert all(not lease["whole"] and lease["jobs_per_gpu"] == 3 for lease in leases)
+    assert any(lease["shared_with"] for lease in leases)  # they saw each other
+
+
+def test_a_whole_gpu_job_is_alone_and_later_packed_jobs_do_not_starve_it(fake_gpus, tmp_path):
+    env = fake_gpus("0")
+    env[gpus.MEMORY_ENV] = "10"
+    record = tmp_path / "record"
+    first = [start_packed(env, record, 1.5, memory_gb=2, jobs_per_gpu=4, run=f"early{i}") for i in range(2)]
+    while not _holding(env, 2):
+        time.sleep(0.05)
+    whole = start_packed(env, record, 0.3, run="speed")  # the device to itself
+    waiting = ""
+    while "waiting for 1 GPU(s) with room for a whole GPU" not in waiting:  # its reservation is taken by then
+        waiting += whole.stderr.readline()
+    late = [start_packed(env, record, 0.3, memory_gb=2, jobs_per_gpu=4, run=f"late{i}") for i in range(2)]
+    assert all(job.wait() == 0 for job in first + [whole] + late)
+    rows = {r[3]: r for r in held_intervals(record)}
+    speed = rows["speed"]
+    others = [r for name, r in rows.items() if name != "speed"]
+    assert all(r[2] <= speed[1] or speed[2] <= r[1] for r in others), "a job shared the whole-GPU job's device"
+    assert all(rows[f"late{i}"][1] >= speed[2] for i in range(2)), "a later packed job went ahead of the waiting one"
+    (alone,) = [lease for lease in map(json.loads, (tmp_path / "record.leases").read_text().splitlines()) if lease["whole"]]
+    assert alone["shared_with"] == []
+
+
+def _holding(env, count) -> bool:
+    """Whether `count` jobs hold slots in the lease folder now."""
+    folder = Path(env[gpus.LOCK_DIR_ENV])
+    held = 0
+    for path in folder.glob("gpu-*.slot-*.lock"):
+        with open(path) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held += 1
+    return held >= count
+
+
+def test_a_job_asking_for_more_memory_than_a_gpu_has_is_an_error_not_a_wait(fake_gpus, monkeypatch):
+    fake_gpus("0")
+    monkeypatch.setenv(gpus.MEMORY_ENV, "10")
+    with pytest.raises(RuntimeError, match="more than a GPU has"):
+        gpus.acquire(1, gpus.Need(whole=False, memory_gb=12, jobs_per_gpu=2))
