@@ -109,16 +109,39 @@ def test_vllm_absent_is_named_with_the_fix(monkeypatch):
     assert "CUDA" not in message
 
 
-def test_vllm_backends_run_the_engine_in_process_and_report_nothing(monkeypatch):
+def test_vllm_backends_run_the_engine_in_process_and_report_nothing(monkeypatch, tmp_path):
+    """And their engines start holding the GPU's quiet lock (no neighbour's memory changes during vLLM's memory
+    profiling). Stand-ins: Unsloth's import patches, and vLLM's LLM class (vLLM is not installed here)."""
+    import fcntl
     import os
 
+    from grpo_equivalence import gpus
+
+    held = []
+
+    class LLM:
+        def __init__(self, model):
+            with open(tmp_path / "gpu-0.quiet") as f:  # another open file: its lock must be taken already
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held.append(False)
+                except BlockingIOError:
+                    held.append(True)
+
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints", types.ModuleType("vllm.entrypoints"))
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.llm", types.SimpleNamespace(LLM=LLM))
+    (tmp_path / "gpu-0.quiet").touch()
+    monkeypatch.setenv(gpus.QUIET_ENV, str(tmp_path / "gpu-0.quiet"))
     for name in ("vllm", "trl_vllm"):
         for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
             monkeypatch.delenv(var, raising=False)
-        monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace())  # stand-in: Unsloth's import patches
+        monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace())
         backends.get(name).before_trl_import()
         assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         assert os.environ["VLLM_NO_USAGE_STATS"] == "1" and os.environ["DO_NOT_TRACK"] == "1"
+        LLM(model="m")
+    assert held == [True, True]
 
 
 def test_trl_vllm_loads_with_transformers_and_peft(monkeypatch):

@@ -19,11 +19,15 @@ class ConfigError(ValueError):
     pass
 
 
-def rollout_check_settings(section: dict | None) -> dict:
-    """The rollout_check section with the schema's defaults under it (the workflow's config has them filled in by
-    the schema; a benchmark or a test that builds its own config gets them here)."""
-    defaults = yaml.safe_load(SCHEMA.read_text())["properties"]["rollout_check"]["default"]
+def with_defaults(name: str, section: dict | None) -> dict:
+    """A section of the study with the schema's defaults under it (the workflow's config has them filled in by
+    the schema; a benchmark, a test or a job that gets its own copy gets them here)."""
+    defaults = yaml.safe_load(SCHEMA.read_text())["properties"][name]["default"]
     return {**defaults, **(section or {})}
+
+
+def rollout_check_settings(section: dict | None) -> dict:
+    return with_defaults("rollout_check", section)
 
 
 def load_study(path) -> dict:
@@ -162,6 +166,12 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
             if key not in backend_options[name]:
                 known = ", ".join(backend_options[name]) or "none"
                 problems.append(f"backend_options.{name}.{key}: unknown option of {name} (known: {known})")
+    gpus = _get(config, "gpus_per_train_job", kind=int)
+    if gpus is not None and gpus > 1 and backends:
+        # A lease of several GPUs used to train on the first alone while the others idled
+        problems.append(f"gpus_per_train_job: {gpus} GPUs per run, but no backend trains one run across GPUs yet "
+                        f"({', '.join(backends)} would use the first and leave the others idle); set it to 1 (the "
+                        f"workflow runs a job per GPU, or several on one with gpu_sharing.jobs_per_gpu)")
     uses_tiny = config.get("model") == TINY or _get(config, "dataset", "path") == TINY
     if uses_tiny and "tiny" not in config:
         problems.append('tiny: model or dataset.path is "tiny" but the tiny section is missing; add it (see studies/tiny.yaml)')

@@ -65,8 +65,9 @@ def speed_memory(summaries: list[dict], reference: str, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    summaries = [s for s in summaries if s.get("gpu_alone") is not False]  # a run that shared its GPU: not comparable
     backends = sorted({s["backend"] for s in summaries}, key=lambda b: (b != reference, b))
-    step_counts = sorted({s["max_steps"] for s in summaries})
+    step_counts = sorted({s["max_steps"] for s in summaries}) or [0]
     by = {(s["backend"], s["max_steps"]): s for s in summaries}
     width = 0.8 / len(step_counts)
     colours = plt.get_cmap("Set2").colors
@@ -89,6 +90,8 @@ def speed_memory(summaries: list[dict], reference: str, out: Path) -> None:
         ax.set_ylabel(unit, fontsize=11)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=10)
+    if not summaries:
+        speed.text(0.5, 0.5, "no run had its GPU to itself", ha="center", va="center", transform=speed.transAxes)
     fig.suptitle(f"Speed and memory (reference: {reference})", fontsize=15)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)

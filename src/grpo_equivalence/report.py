@@ -48,6 +48,17 @@ def stack_comparisons(groups: dict, steps: int, reference: str, *, alpha: float,
     return found
 
 
+def gpu_sharing(runs: dict) -> dict | None:
+    """Which runs of one step count had their GPU to themselves and which shared it (None: no run shared one)."""
+    from .summary import alone_on_gpu
+
+    every = [run for group in runs.values() for run in group]
+    if not any(alone_on_gpu(run) is False for run in every):
+        return None
+    return {"alone": [run_files.label(r) for r in every if alone_on_gpu(r)],
+            "shared": [run_files.label(r) for r in every if alone_on_gpu(r) is False]}
+
+
 def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, reference: str, *,
                 alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN) -> list[dict]:
     """Per step count: the runs' summaries with % of the reference's speed, the comparisons with their
@@ -62,7 +73,10 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
         ref = next((s for s in rows if s["backend"] == reference), None)
         if ref is None:
             raise stats_io.StatsError(f"no {reference} run with {steps} steps: the reference must have run every step count")
-        table_rows = [dict(row, pct_of_reference=100.0 * ref["median_step_s"] / row["median_step_s"]) for row in rows]
+        # Speed and memory only from runs that had their GPU to themselves (gpushare)
+        comparable = lambda row: row.get("gpu_alone") is not False  # noqa: E731
+        table_rows = [dict(row, speed_ok=comparable(row), pct_of_reference=100.0 * ref["median_step_s"] / row["median_step_s"]
+                           if comparable(row) and comparable(ref) else None) for row in rows]
         pairs = sorted((c for c in comparisons if c["max_steps"] == steps), key=lambda c: c["candidate"])
         runs = {backend: group for (backend, n), group in groups.items() if n == steps}
         reference_confounds = confounds(runs.get(reference, []))
@@ -73,7 +87,8 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
         tables.append({"steps": steps, "rows": table_rows, "pairs": pairs, "differing": differing_settings(primaries),
                        "stack_pairs": stacked, "stacks": {b: stack(b) or NOT_RECORDED for b in sorted(runs)},
                        "backends": sorted(runs), "mismatch": any(row.get("sampler_mismatch") for row in rows),
-                       "seeds": {backend: [r["seed"] for r in group] for backend, group in sorted(runs.items())}})
+                       "seeds": {backend: [r["seed"] for r in group] for backend, group in sorted(runs.items())},
+                       "gpu_sharing": gpu_sharing(runs)})
     verdict.finalize([pair["metrics"][m]["verdict"] for table in tables for pair in table["pairs"] + table["stack_pairs"]
                       for m in COMPARED])
     return tables
@@ -113,6 +128,7 @@ PER_RUN_SETTINGS = ("trainer.max_steps", "trainer.seed", "trainer.data_seed")
 
 
 NOT_RECORDED = "not recorded"  # an optional field the file does not hold (a metric not logged is NOT_LOGGED)
+SHARED_GPU = "shared GPU"  # a speed or memory figure of a run that shared its GPU: not comparable, so not shown
 
 
 def _settings(effective_config: dict) -> dict:
@@ -253,7 +269,8 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     return env.get_template(Path(template).name).render(
         reference=reference, tables=step_tables(summaries, comparisons, groups, reference, alpha=alpha, margin=margin),
         metrics=COMPARED, summaries={m: text for m, (text, _) in verdict.SUMMARIES.items()}, looks=verdict.LOOKS,
-        verdicts=verdict, not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, figures=figures or {},
+        verdicts=verdict, not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, shared_gpu=SHARED_GPU,
+        figures=figures or {},
         settings=study_settings(reference_run(primaries, reference)), warnings=warnings_by_backend(list(runs.values())),
         backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)), rollout=rollout)
 
@@ -285,11 +302,17 @@ def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, te
     paths = [p for p in sorted(stats_dir.glob("grpo_*.json")) if not p.name.endswith(".summary.json")]
     if not paths:
         raise FileNotFoundError(f"no statistics files (grpo_<backend>_<steps>.json) in {stats_dir}")
-    runs = run_files.load_runs(paths)
+    return render(**judged(run_files.load_runs(paths), reference, skip, alpha=alpha, margin=margin), reference=reference,
+                  template=template, figures=figures, rollout=rollout, alpha=alpha, margin=margin)
+
+
+def judged(runs: dict, reference: str, skip: int = DEFAULT_SKIP, *, alpha: float = verdict.ALPHA,
+           margin: float = verdict.MARGIN) -> dict:
+    """What render takes of a set of runs ({path: stats}): every backend's summary and its comparison with the
+    reference at each step count."""
     groups = run_files.group_runs(runs)
     reference_run([group[0] for group in groups.values()], reference)  # fails early, naming the backends found
     summaries = [summarise(group[0], skip) for group in groups.values()]
     comparisons = [compare(groups[(reference, steps)], group, alpha=alpha, margin=margin)
                    for (backend, steps), group in groups.items() if backend != reference and (reference, steps) in groups]
-    return render(summaries=summaries, comparisons=comparisons, reference=reference, runs=runs, template=template,
-                  figures=figures, rollout=rollout, alpha=alpha, margin=margin)
+    return {"summaries": summaries, "comparisons": comparisons, "runs": runs}

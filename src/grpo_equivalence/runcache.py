@@ -160,6 +160,32 @@ def run_identity(config: dict, backend: str, model_path: str, dataset: dict) -> 
             "revisions": revisions}, ""
 
 
+# Compiled kernels and vLLM's compilation, shared by the jobs of one backend in one study on one machine, so that
+# only the first pays for them: a folder per key of what compilation depends on (the settings but the seed and
+# step count, the code, the inputs, packages and GPU), so that a change of any never finds a stale one.
+COMPILE_CACHE = Path(RUN_CACHE).parent / "compile"
+COMPILE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "VLLM_CACHE_ROOT": "vllm"}
+
+
+def use_compile_caches(args: dict, folder: Path = COMPILE_CACHE) -> Path | None:
+    """Points torch.compile's, Triton's and vLLM's caches of this job at its study's shared folder (before torch
+    is imported); None where the run cache is off or the run's identity is not known (then each library's own
+    default)."""
+    if os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "false", "no") or args.get("run_cache") is False:
+        return None
+    identity, _ = run_identity(args["config"], args["backend"], args["model_path"], args["dataset"])
+    if identity is None:
+        return None
+    config = {k: v for k, v in args["config"].items() if k != "rollout_check"}
+    config["grpo"] = {k: v for k, v in config.get("grpo", {}).items() if k != "seed"}
+    settings = {"config": config, "backend": args["backend"], "model_path": args["model_path"], "dataset": args["dataset"]}
+    shared = Path(folder) / key(settings, args["code"], args.get("inputs", ()), identity, cache=Path(RUN_CACHE))
+    for variable, name in COMPILE_ENV.items():
+        (shared / name).mkdir(parents=True, exist_ok=True)
+        os.environ[variable] = str((shared / name).resolve())
+    return shared
+
+
 def entry(run_key: str, cache: Path = Path(RUN_CACHE)) -> Path:
     return Path(cache) / f"{run_key}.json"
 

@@ -44,7 +44,22 @@ def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
         # The least a decode step can take: every weight read once at the memory bandwidth measured on the
         # run's GPU (null: not recorded, e.g. on the CPU)
         "bandwidth_floor_ms": _bandwidth_floor_ms(stats),
+        # Whether the run had its GPU to itself (null: a CPU run, or not recorded): runs that shared one slowed
+        # each other, and the driver's memory figure is the whole device's, so their speed and memory are not used
+        "gpu_alone": alone_on_gpu(stats),
+        "gpu_shared_with": ((stats.get("environment") or {}).get("gpu_lease") or {}).get("shared_with"),
     }
+
+
+def alone_on_gpu(stats: dict) -> bool | None:
+    """True where the run had its GPU(s) to itself: a lease that recorded no other job, a lease from before jobs
+    could share a GPU (they could not), or a SLURM allocation; False where another job shared one; None on the
+    CPU or where nothing was recorded."""
+    lease = (stats.get("environment") or {}).get("gpu_lease") or {}
+    if lease.get("source") not in ("lease", "slurm"):
+        return None
+    shared = lease.get("shared_with")
+    return True if shared is None and "shared_with" not in lease or shared == [] else (False if shared else None)
 
 
 # TRL's profiling blocks (stats.PROFILE) that generate completions, and the one that loads the trained

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import backends, environment, faults, memory, stats
+from . import backends, environment, faults, gpus, memory, stats
 from .answer_format import CHAT_TEMPLATE
 from .data import load_problems
 from .rewards import make_reward_functions
@@ -85,11 +85,15 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
     startup_began = time.perf_counter()
     grpo = {**config["grpo"], **({} if seed is None else {"seed": seed})}
     # Every warning of loading and training is kept with the run: a setting a backend ignores shows here.
-    with WarningLog() as warned:
+    with WarningLog() as warned, contextlib.ExitStack() as loading:
         backend.before_trl_import()
         from trl import GRPOConfig, GRPOTrainer
 
         options = (config.get("backend_options") or {}).get(faults.split(backend_name)[0], {})
+        # Loading allocates on the GPU, which a vLLM engine starting beside it must not see (gpus.quiet); a vLLM
+        # backend's engine takes the lock itself, for its start alone (its loading is mostly the engine's).
+        if not backend.gpu_memory_share(options):
+            loading.enter_context(gpus.quiet())
         spec = backends.LoadSpec(model=model_path, dtype=config["dtype"], lora=config["lora"],
                                  max_seq_length=config.get("max_seq_length", 2048), device=device, seed=grpo["seed"],
                                  gradient_checkpointing=grpo["gradient_checkpointing"], options=options)
@@ -121,15 +125,17 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
                 callbacks=list(callbacks),
             )
             prepared = backend.prepare_trainer(trainer, spec)
+            loading.close()  # loaded: the GPU may see others start again
             seed_samplers(grpo["seed"])
             yield Session(trainer=trainer, warned=warned,
                           rollout_settings=sorted(overrides) + sorted(prepared), startup_began=startup_began)
 
 
 def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
-        gpu_lease: dict | None = None, log=print, write=stats.write) -> dict:
+        gpu_lease=None, log=print, write=stats.write) -> dict:
     """Trains and writes `out` (with `write`: the train job's also keeps the run where `out` cannot be written).
-    `model_path`/`dataset` are the config's, resolved (tiny study: built files)."""
+    `model_path`/`dataset` are the config's, resolved (tiny study: built files). `gpu_lease`: the lease's record,
+    or a function that gives it once training is over (which runs shared the GPU meanwhile)."""
     import torch
 
     device = device_for(config["gpus_per_train_job"])
@@ -185,7 +191,8 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         # GRPOConfig keys by name, settings changed on the trainer by their report name (generation.<key>); the
         # seed every sampler of the run was seeded with; an injected fault (None: the backend as it is)
         "effective_config": config_read,
-        "environment": {**environment.describe(), "gpu_lease": gpu_lease, "memory_bandwidth_gbs": bandwidth},
+        "environment": {**environment.describe(), "gpu_lease": gpu_lease() if callable(gpu_lease) else gpu_lease,
+                        "memory_bandwidth_gbs": bandwidth},
     }
     log(f"[{backend_name} x {max_steps}] {len(steps)} steps in {train_wall:.1f} s -> {out}")
     write(out, result)

@@ -15,7 +15,7 @@ SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
 
-from grpo_equivalence import backends, paths, runcache, schedule
+from grpo_equivalence import backends, gpushare, paths, runcache, schedule
 from grpo_equivalence.codedeps import code_hash
 from grpo_equivalence.faults import split as fault_split
 from grpo_equivalence.report import TEMPLATE as REPORT_TEMPLATE
@@ -145,7 +145,43 @@ def dataset_spec():
     return spec
 
 
+# Several jobs on one GPU (gpu_sharing): run locally, they count no GPUs in Snakemake (the lease fits them onto
+# the devices by memory and slots, within --resources gpu=N); on a cluster each job is an allocation of its own.
+PACKS = gpushare.packs(config)
+
+
+def gpu_resource():
+    """The `gpu` resource of the jobs that train or sample on a GPU."""
+    return 0 if PACKS and workflow.local_exec else config["gpus_per_train_job"]
+
+
+def gpu_io(wildcards, alone):
+    """What a GPU job's lease needs (io, so that packing reruns nothing): the sharing settings, whether this
+    run must have its GPU to itself, the GPUs Snakemake may use (--resources gpu=N), and the run's name."""
+    limit = workflow.global_resources.get("gpu")
+    limit = getattr(limit, "value", limit)
+    return {"gpu_sharing": config["gpu_sharing"], "alone": alone, "max_gpus": limit if isinstance(limit, int) else None,
+            "run": "_".join(str(v) for v in wildcards if v) or "run"}
+
+
+def measured_first(backend, steps):
+    """A packed job whose memory is to be measured waits for the study's seed run of its backend: that run takes
+    a GPU of its own and measures what the others then ask for (ancient: a retrained one reruns none of them)."""
+    if PACKS and config["gpu_sharing"]["memory_gb"] is None:
+        return {"measured": ancient(paths.STATS.format(backend=backend, steps=steps))}
+    return {}
+
+
+def get_rollout_inputs(wildcards):
+    return {**model_inputs(), **measured_first(wildcards.backend, max(STEPS))}
+
+
 def get_train_inputs(wildcards):
+    return {**model_inputs(), **(measured_first(wildcards.backend, wildcards.steps) if wildcards.replicate else {})}
+
+
+def model_inputs():
+    """What a job that loads the study's model and data reads."""
     inputs = {}
     if config["model"] in (TINY, RANDOM):
         inputs["model"] = model_path()

@@ -6,7 +6,7 @@
 
 rule rollout_check:
     input:
-        unpack(get_train_inputs),
+        unpack(get_rollout_inputs),
     output:
         paths.ROLLOUT,
     params:
@@ -18,9 +18,17 @@ rule rollout_check:
         ),
         script=entry_point("rollout_check"),
         code=lambda wildcards: script_code("rollout_check", backends.module_name(wildcards.backend)),
-        io=lambda wildcards, input, output, threads: io_args(out=output[0], threads=threads),
+        # code and inputs key the compile caches the check shares with the backend's other jobs (runcache)
+        io=lambda wildcards, input, output, threads: io_args(
+            out=output[0],
+            threads=threads,
+            code=script_code("rollout_check", backends.module_name(wildcards.backend)),
+            inputs=[f for f in input if f != input.get("measured")],
+            run_cache=config["run_cache"],
+            **gpu_io(wildcards, alone=False),
+        ),
     resources:
-        gpu=config["gpus_per_train_job"],
+        gpu=gpu_resource(),
     threads: config.get("train_threads", 1)
     conda:
         train_env()

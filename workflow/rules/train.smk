@@ -25,14 +25,15 @@ rule train:
             out=output[0],
             threads=threads,
             code=train_code(wildcards),
-            inputs=list(input),
+            inputs=[f for f in input if f != input.get("measured")],  # not the run it waited for
             log=train_log(wildcards),
             run_cache=config["run_cache"],
+            **gpu_io(wildcards, alone=config["gpu_sharing"]["speed_runs_alone"] and not wildcards.replicate),
         ),
     # Longest expected job first, so that the GPUs finish together (grpo_equivalence.schedule).
     priority: lambda wildcards: schedule.priority(wildcards.backend, int(wildcards.steps))
     resources:
-        gpu=config["gpus_per_train_job"],
+        gpu=gpu_resource(),
     threads: config.get("train_threads", 1)
     conda:
         train_env()

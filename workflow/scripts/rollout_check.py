@@ -1,14 +1,15 @@
-"""Rule rollout_check: one backend samples the check's prompts at fixed weights, on a GPU of its own, and the
+"""Rule rollout_check: one backend samples the check's prompts at fixed weights, on a GPU of its own or a share of one, and the
 trainer scores every sampled token (grpo_equivalence.rollout)."""
 
 from pathlib import Path
 
-from grpo_equivalence import gpus, jobs, rollout, train
+from grpo_equivalence import gpushare, jobs, rollout, runcache, train
 
 a = jobs.arguments()
 jobs.stop_with_workflow()
 train.check_packages(a["backend"])  # before waiting for a GPU: a missing package fails at once
-with gpus.leased(a["config"]["gpus_per_train_job"]):
+runcache.use_compile_caches(a)
+with gpushare.leased_for_job(a):
     import torch
 
     torch.set_num_threads(a["threads"])

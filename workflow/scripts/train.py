@@ -1,14 +1,13 @@
-"""Rule train: one GRPO run of a backend and step count, on a GPU of its own, written as a statistics file.
+"""Rule train: one GRPO run of a backend and step count, on a GPU of its own or a share of one (gpushare), written as a statistics file.
 
 A run finished before with exactly these settings, code, inputs, packages and GPU model (an interrupted
 workflow whose outputs Snakemake marked incomplete) is restored from the run cache instead of trained again
 (grpo_equivalence.runcache says what the key covers and how to bypass it).
 """
 
-import sys
 from pathlib import Path
 
-from grpo_equivalence import gpus, jobs, runcache, train
+from grpo_equivalence import gpushare, jobs, runcache, train
 
 a = jobs.arguments()
 jobs.stop_with_workflow()
@@ -21,12 +20,10 @@ elif not cache.restore_allowed:
           flush=True)
 if runcache.restore(cache, out) is None:
     train.check_packages(a["backend"])  # before waiting for a GPU: a missing package fails at once
-    try:
-        with gpus.leased(a["config"]["gpus_per_train_job"]) as lease:
-            import torch
+    runcache.use_compile_caches(a)
+    with gpushare.leased_for_job(a) as lease:
+        import torch
 
-            torch.set_num_threads(a["threads"])
-            train.run(a["config"], a["backend"], a["steps"], model_path=a["model_path"], dataset=a["dataset"],
-                      out=out, gpu_lease=lease.record(), write=lambda path, result: runcache.keep(cache, result, path))
-    except gpus.LeaseFolderError as error:
-        sys.exit(f"error: {error}")
+        torch.set_num_threads(a["threads"])
+        train.run(a["config"], a["backend"], a["steps"], model_path=a["model_path"], dataset=a["dataset"], out=out,
+                  gpu_lease=lease.record, write=lambda path, result: runcache.keep(cache, result, path))

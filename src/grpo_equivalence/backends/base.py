@@ -65,6 +65,11 @@ class Backend:
                 f"Or drop {self.name!r} from `backends` in the config."
             )
 
+    def gpu_memory_share(self, options: dict) -> float:
+        """The fraction of a GPU's memory the backend reserves up front (vLLM's gpu_memory_utilization), beside what
+        its runs measure: what a job sharing a GPU must find free (grpo_equivalence.gpushare)."""
+        return 0.0
+
     def before_trl_import(self) -> None:
         """Runs before trl is imported (Unsloth must patch trl and transformers first)."""
 

@@ -15,6 +15,10 @@ class TRLColocatedVLLM(Backend):
 
     def before_trl_import(self) -> None:
         _vllm.prepare_process()
+        _vllm.start_engines_quietly()
+
+    def gpu_memory_share(self, options: dict) -> float:
+        return _vllm.fraction(options, DEFAULT_FRACTION)
 
     def grpo_overrides(self, options: dict) -> dict:
         return _vllm.colocate_overrides(options, DEFAULT_FRACTION)

@@ -9,9 +9,13 @@ class UnslothVLLM(UnslothBackend):
     def before_trl_import(self) -> None:
         _vllm.prepare_process()
         super().before_trl_import()
+        _vllm.start_engines_quietly()  # after Unsloth, which must be imported before vLLM imports transformers
+
+    def gpu_memory_share(self, options: dict) -> float:
+        return _vllm.fraction(options, DEFAULT_FRACTION)
 
     def load(self, spec):
-        return super().load(spec, gpu_memory_utilization=spec.options.get("gpu_memory_utilization", DEFAULT_FRACTION))
+        return super().load(spec, gpu_memory_utilization=_vllm.fraction(spec.options, DEFAULT_FRACTION))
 
     def grpo_overrides(self, options: dict) -> dict:
         # Unsloth sets these itself when the model carries a vLLM engine; set explicitly so the

@@ -1,0 +1,126 @@
+"""Several runs on one GPU (gpu_sharing): what each job asks for, a packed study through the workflow, and the
+studies that must keep a GPU per job.
+
+The packed study trains on the CPU (GRPO_EQUIVALENCE_TRAIN_DEVICE=cpu) while its jobs lease a configured device
+list of one 10 GB GPU: the lease, the DAG and the report are the real ones, only the device is a stand-in.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from grpo_equivalence import gpus, gpushare, stats, train
+from grpo_equivalence.config import ConfigError, check, load_study
+from helpers import SMALL_ROLLOUT_CHECK, make_stats
+
+
+def dry_run_resources(study: str) -> dict[str, str]:
+    """The `gpu` resource of every train job Snakemake plans for `study` (a dry run)."""
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-n",
+                             "results/grpo_equivalence.md", "--resources", "gpu=4", "--config", f"study={study}"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    found, rule = {}, None
+    for line in result.stdout.splitlines():
+        if line.startswith("rule "):
+            rule = line.split()[1].rstrip(":")
+        elif rule == "train" and line.strip().startswith("output:"):
+            output = line.split(":", 1)[1].strip()
+        elif rule == "train" and line.strip().startswith("resources:"):
+            found[output] = line.split("gpu=")[1].split(",")[0]
+    return found
+
+
+@pytest.mark.parametrize("study", ["config.yaml", "studies/speed-4b.yaml"])
+def test_a_4b_study_still_gets_one_job_per_gpu(study):
+    config = load_study(ROOT / study)
+    assert not gpushare.packs(config)
+    for backend in config["backends"]:
+        for alone in (True, False):
+            assert gpushare.need(config, backend, run="r", alone=alone).whole
+    resources = dry_run_resources(study)
+    assert resources and set(resources.values()) == {"1"}  # Snakemake counts a GPU for every train job
+
+
+def tiny_packed(**sharing) -> dict:
+    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config.update(gpus_per_train_job=1, gpu_sharing={"jobs_per_gpu": 4, "memory_gb": None, "speed_runs_alone": True,
+                                                      **sharing})
+    return config
+
+
+def test_a_packed_job_asks_for_what_its_backend_measured_and_a_vllm_backend_for_its_share_too(tmp_path):
+    config = tiny_packed()
+    config["backend_options"]["vllm"] = {"gpu_memory_utilization": 0.05}
+    assert gpushare.need(config, "hf", run="r", alone=True).whole  # the speed run
+    assert gpushare.need(config, "hf", run="r", alone=False, folder=tmp_path).whole  # nothing measured yet
+    run = make_stats("hf", 4)
+    run["environment"]["gpu_lease"] = {"source": "lease", "shared_with": []}
+    stats.write(tmp_path / "grpo_hf_4.json", run)  # its steps' peaks: 1.01 .. 1.04 GB
+    stats.write(tmp_path / "grpo_hf_static_4.json", make_stats("hf_static", 4, peak=50.0))  # not hf's
+    packed = gpushare.need(config, "hf", run="r", alone=False, folder=tmp_path)
+    assert not packed.whole and packed.memory_gb == pytest.approx(1.04 * gpushare.MARGIN) and packed.jobs_per_gpu == 4
+    vllm = make_stats("vllm", 4, peak=9.0)  # 7.5 GB of it is the engine's reservation
+    vllm["environment"].update(gpu_lease={"source": "lease", "shared_with": []}, gpu_memory_gb=150.0)
+    vllm["effective_config"]["trainer"].update(use_vllm=True, vllm_gpu_memory_utilization=0.05)
+    stats.write(tmp_path / "grpo_vllm_4.json", vllm)
+    asked = gpushare.need(config, "vllm", run="r", alone=False, folder=tmp_path)
+    assert asked.memory_share == 0.05 and asked.memory_gb == pytest.approx((9.04 - 7.5) * gpushare.MARGIN)
+    assert asked.gb(150.0) == pytest.approx(7.5 + (9.04 - 7.5) * gpushare.MARGIN)
+    fixed = gpushare.need(tiny_packed(memory_gb=3.0), "hf", run="r", alone=False, folder=tmp_path)
+    assert fixed.memory_gb == 3.0  # the study's setting over the measurement
+
+
+def test_a_run_that_shared_its_gpu_is_measured_by_its_allocator_not_by_the_devices_figure():
+    run = make_stats("hf", 4, peak=40.0)  # the device's figure: the neighbours' memory too
+    for step in run["steps"]:
+        step["peak_reserved_gb"] = 0.5
+    run["environment"]["gpu_lease"] = {"source": "lease", "shared_with": ["hf_4_seed3408"]}
+    assert gpushare.own_memory_gb(run) == pytest.approx(0.5 + gpushare.CONTEXT_GB)
+
+
+def test_several_gpus_per_run_are_refused_before_any_job(tiny_config, tmp_path):
+    tiny_config["gpus_per_train_job"] = 2
+    with pytest.raises(ConfigError) as error:
+        check(tiny_config)
+    assert "gpus_per_train_job: 2 GPUs per run, but no backend trains one run across GPUs yet" in str(error.value)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(tiny_config))
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                             str(tmp_path), "results/grpo_equivalence.md", "--cores", "1", "--config", f"study={path}"],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "no backend trains one run across GPUs yet" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "results").exists()
+
+
+@pytest.mark.workflow
+def test_a_packed_study_runs_the_speed_run_alone_and_the_other_seeds_together(tmp_path):
+    config = tiny_packed(jobs_per_gpu=3)
+    config.update(backends=["hf"], reference="hf", steps=[4], replicates={"reference": 4, "others": 1},
+                  rollout_check=SMALL_ROLLOUT_CHECK)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, train.FORCE_CPU_ENV: "cpu", gpus.DEVICES_ENV: "0", gpus.MEMORY_ENV: "10",
+           gpus.LOCK_DIR_ENV: str(tmp_path / "locks")}
+    env.pop("SLURM_JOB_ID", None)
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                             str(tmp_path), "results/grpo_equivalence.md", "--cores", "4", "--resources", "gpu=1",
+                             "--config", f"study={tmp_path / 'study.yaml'}"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = {p.name: json.loads(p.read_text()) for p in (tmp_path / "results/stats").glob("grpo_hf_4*.json")
+            if not p.name.endswith(".summary.json")}
+    speed = runs.pop("grpo_hf_4.json")
+    lease = speed["environment"]["gpu_lease"]
+    assert lease["whole"] and lease["shared_with"] == []  # the run the report's speed comes from had the GPU alone
+    assert len(runs) == 3
+    for run in runs.values():
+        packed = run["environment"]["gpu_lease"]
+        assert not packed["whole"] and packed["jobs_per_gpu"] == 3 and packed["devices"] == ["0"]
+        assert run["train_started_at"] >= speed["train_finished_at"]  # it waited for the measurement
+    assert any(run["environment"]["gpu_lease"]["shared_with"] for run in runs.values())
+    report = (tmp_path / "results/grpo_equivalence.md").read_text()
+    assert "Speed and memory come only from runs that had their GPU to themselves (hf x 4 (seed 3407))" in report
