@@ -16,7 +16,7 @@ config = yaml.safe_load(open("studies/tiny.yaml"))
 seeds, steps, jobs, share = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 config.update(backends=["vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm"], reference="vllm",
               steps=[steps], replicates={"reference": seeds, "others": seeds}, gpus_per_train_job=1, dtype="bfloat16",
-              train_threads=1, gpu_sharing={"jobs_per_gpu": jobs, "memory_gb": None, "speed_runs_alone": True})
+              train_threads=1, gpu_sharing={"jobs_per_gpu": jobs, "memory_gb": None, "speed_runs": "first"})
 config["backend_options"].update(vllm={"gpu_memory_utilization": share}, trl_vllm={"gpu_memory_utilization": share})
 yaml.safe_dump(config, open(sys.argv[1], "w"), sort_keys=False)
 PY

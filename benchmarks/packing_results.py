@@ -31,8 +31,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--reference", default="vllm")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    paths = [p for p in sorted((args.outdir / "stats").glob("grpo_*.json")) if not p.name.endswith(".summary.json")]
-    runs = run_files.load_runs(paths)
+    runs = run_files.load_runs(report.stats_files(args.outdir / "stats"))
     alone = [r for r in runs.values() if summary.alone_on_gpu(r)]
     packed = [r for r in runs.values() if summary.alone_on_gpu(r) is False]
     cost = lambda r: (r.get("startup_s") or 0.0) + r["train_wall_s"]  # noqa: E731

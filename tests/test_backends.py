@@ -134,14 +134,39 @@ def test_vllm_backends_run_the_engine_in_process_and_report_nothing(monkeypatch,
     (tmp_path / "gpu-0.quiet").touch()
     monkeypatch.setenv(gpus.QUIET_ENV, str(tmp_path / "gpu-0.quiet"))
     for name in ("vllm", "trl_vllm"):
-        for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "MASTER_PORT", "MASTER_ADDR"):
             monkeypatch.delenv(var, raising=False)
         monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace())
         backends.get(name).before_trl_import()
         assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         assert os.environ["VLLM_NO_USAGE_STATS"] == "1" and os.environ["DO_NOT_TRACK"] == "1"
         LLM(model="m")
+        port = int(os.environ["MASTER_PORT"])  # a free one of its own, not the engine's fixed default
+        assert 1024 < port and os.environ["MASTER_ADDR"] == "127.0.0.1"
     assert held == [True, True]
+
+
+def test_a_vllm_engine_start_that_saw_a_neighbour_free_memory_is_tried_again(monkeypatch):
+    """vLLM stops when the device's free memory rose while it profiled (a job beside it freed some). Stand-in for
+    vLLM's LLM: fails so once, then starts."""
+    from grpo_equivalence.backends import _vllm
+
+    attempts = []
+
+    class LLM:
+        def __init__(self):
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise AssertionError("Error in memory profiling. Initial free memory 116.1 GiB, current free memory "
+                                     "116.7 GiB. This happens when other processes sharing the same container release")
+
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints", types.ModuleType("vllm.entrypoints"))
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.llm", types.SimpleNamespace(LLM=LLM))
+    monkeypatch.delenv("GRPO_EQUIVALENCE_GPU_QUIET", raising=False)
+    _vllm.start_engines_quietly()
+    LLM()
+    assert len(attempts) == 2
 
 
 def test_trl_vllm_loads_with_transformers_and_peft(monkeypatch):

@@ -49,7 +49,7 @@ def test_a_4b_study_still_gets_one_job_per_gpu(study):
 
 def tiny_packed(**sharing) -> dict:
     config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config.update(gpus_per_train_job=1, gpu_sharing={"jobs_per_gpu": 4, "memory_gb": None, "speed_runs_alone": True,
+    config.update(gpus_per_train_job=1, gpu_sharing={"jobs_per_gpu": 4, "memory_gb": None, "speed_runs": "first",
                                                       **sharing})
     return config
 
@@ -98,18 +98,23 @@ def test_several_gpus_per_run_are_refused_before_any_job(tiny_config, tmp_path):
     assert "Traceback" not in result.stderr and not (tmp_path / "results").exists()
 
 
+def run_packed(workdir, target):
+    """Snakemake on the study of `workdir` with one stand-in GPU of 10 GB, training on the CPU."""
+    env = {**os.environ, train.FORCE_CPU_ENV: "cpu", gpus.DEVICES_ENV: "0", gpus.MEMORY_ENV: "10",
+           gpus.LOCK_DIR_ENV: str(workdir / "locks")}
+    env.pop("SLURM_JOB_ID", None)
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                           str(workdir), target, "--cores", "4", "--resources", "gpu=1",
+                           "--config", f"study={workdir / 'study.yaml'}"], capture_output=True, text=True, env=env)
+
+
 @pytest.mark.workflow
 def test_a_packed_study_runs_the_speed_run_alone_and_the_other_seeds_together(tmp_path):
     config = tiny_packed(jobs_per_gpu=3)
     config.update(backends=["hf"], reference="hf", steps=[4], replicates={"reference": 4, "others": 1},
                   rollout_check=SMALL_ROLLOUT_CHECK)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, train.FORCE_CPU_ENV: "cpu", gpus.DEVICES_ENV: "0", gpus.MEMORY_ENV: "10",
-           gpus.LOCK_DIR_ENV: str(tmp_path / "locks")}
-    env.pop("SLURM_JOB_ID", None)
-    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
-                             str(tmp_path), "results/grpo_equivalence.md", "--cores", "4", "--resources", "gpu=1",
-                             "--config", f"study={tmp_path / 'study.yaml'}"], capture_output=True, text=True, env=env)
+    result = run_packed(tmp_path, "results/grpo_equivalence.md")
     assert result.returncode == 0, result.stderr[-3000:]
     runs = {p.name: json.loads(p.read_text()) for p in (tmp_path / "results/stats").glob("grpo_hf_4*.json")
             if not p.name.endswith(".summary.json")}
@@ -124,3 +129,28 @@ def test_a_packed_study_runs_the_speed_run_alone_and_the_other_seeds_together(tm
     assert any(run["environment"]["gpu_lease"]["shared_with"] for run in runs.values())
     report = (tmp_path / "results/grpo_equivalence.md").read_text()
     assert "Speed and memory come only from runs that had their GPU to themselves (hf x 4 (seed 3407))" in report
+
+
+def test_speed_runs_last_needs_a_memory_setting(tiny_config):
+    tiny_config.update(gpus_per_train_job=1, gpu_sharing={"jobs_per_gpu": 8, "memory_gb": None, "speed_runs": "last"})
+    with pytest.raises(ConfigError, match="gpu_sharing.speed_runs: last runs the study's seed after the other seeds"):
+        check(tiny_config)
+    tiny_config["gpu_sharing"]["memory_gb"] = 2.0
+    check(tiny_config)
+
+
+@pytest.mark.workflow
+def test_speed_runs_last_run_alone_after_the_other_seeds(tmp_path):
+    config = tiny_packed(jobs_per_gpu=3, memory_gb=2.0, speed_runs="last")
+    config.update(backends=["hf"], reference="hf", steps=[4], replicates={"reference": 3, "others": 1},
+                  rollout_check=SMALL_ROLLOUT_CHECK)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
+    result = run_packed(tmp_path, "results/stats/grpo_hf_4.json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = {p.name: json.loads(p.read_text()) for p in (tmp_path / "results/stats").glob("grpo_hf_4*.json")}
+    speed = runs.pop("grpo_hf_4.json")
+    assert speed["environment"]["gpu_lease"]["whole"] and speed["environment"]["gpu_lease"]["shared_with"] == []
+    assert len(runs) == 2
+    for run in runs.values():
+        assert run["environment"]["gpu_lease"]["memory_gb"] == {"0": 2.0}  # the study's setting, nothing measured
+        assert speed["train_started_at"] >= run["train_finished_at"]

@@ -172,6 +172,10 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
         problems.append(f"gpus_per_train_job: {gpus} GPUs per run, but no backend trains one run across GPUs yet "
                         f"({', '.join(backends)} would use the first and leave the others idle); set it to 1 (the "
                         f"workflow runs a job per GPU, or several on one with gpu_sharing.jobs_per_gpu)")
+    sharing = _get(config, "gpu_sharing", kind=dict) or {}
+    if sharing.get("speed_runs") == "last" and sharing.get("memory_gb") is None and (sharing.get("jobs_per_gpu") or 1) > 1:
+        problems.append("gpu_sharing.speed_runs: last runs the study's seed after the other seeds, so nothing has "
+                        "measured what they need of a GPU; set gpu_sharing.memory_gb (GB a job needs), or use first")
     uses_tiny = config.get("model") == TINY or _get(config, "dataset", "path") == TINY
     if uses_tiny and "tiny" not in config:
         problems.append('tiny: model or dataset.path is "tiny" but the tiny section is missing; add it (see studies/tiny.yaml)')

@@ -5,8 +5,8 @@ study waiting on a machine that idles. With `gpu_sharing.jobs_per_gpu` above 1 t
 within its memory: each job asks for what it needs, the vLLM backends their `gpu_memory_utilization` share
 (reserved up front) and every backend what its earlier runs of the study used (or `gpu_sharing.memory_gb`).
 A backend that has not run yet takes a GPU of its own, and so measures it. Packed runs slow each other: the
-study's seed of each backend (the run the report's speed and memory come from) runs alone where
-`gpu_sharing.speed_runs_alone` says so, and every run records which runs shared its GPU (gpu_lease.shared_with).
+study's seed of each backend (the run the report's speed and memory come from) runs alone before or after the
+others (`gpu_sharing.speed_runs`), and every run records which runs shared its GPU (gpu_lease.shared_with).
 Nothing of another job reaches a run's numbers: each trains in its own process, from its own seed.
 """
 

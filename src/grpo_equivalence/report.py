@@ -291,6 +291,12 @@ def figures_in(folder: Path, relative_to: Path) -> dict:
     return {"curves": curves, "speed": rel(speed) if speed.exists() else None}
 
 
+def stats_files(folder: Path) -> list[Path]:
+    """The statistics files in `folder`: grpo_<backend>_<steps>[_seed<seed>].json, or .json.gz, not summaries."""
+    found = sorted([*Path(folder).glob("grpo_*.json"), *Path(folder).glob("grpo_*.json.gz")])
+    return [p for p in found if not p.name.endswith((".summary.json", ".summary.json.gz"))]
+
+
 def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE, *,
                    alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, figures: dict | None = None,
                    rollout: dict | None = None) -> str:
@@ -299,7 +305,7 @@ def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, te
     stats_dir = Path(stats_dir)
     if not stats_dir.is_dir():
         raise FileNotFoundError(f"{stats_dir} is not a folder; pass the folder holding the grpo_<backend>_<steps>.json files")
-    paths = [p for p in sorted(stats_dir.glob("grpo_*.json")) if not p.name.endswith(".summary.json")]
+    paths = stats_files(stats_dir)
     if not paths:
         raise FileNotFoundError(f"no statistics files (grpo_<backend>_<steps>.json) in {stats_dir}")
     return render(**judged(run_files.load_runs(paths), reference, skip, alpha=alpha, margin=margin), reference=reference,

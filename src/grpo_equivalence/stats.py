@@ -338,8 +338,9 @@ def check_consistent(stats: dict, path) -> None:
 
 
 # The statistics file's name, as a regex: grpo_<backend>_<steps>.json, and for a run reseeded to measure
-# the noise floor grpo_<backend>_<steps>_seed<seed>.json (paths.STATS, paths.REPLICATE_STATS).
-STATS_NAME = re.compile(r"^grpo_(?P<backend>.+?)_(?P<steps>\d+)(?:_seed(?P<seed>\d+))?\.json$")
+# the noise floor grpo_<backend>_<steps>_seed<seed>.json (paths.STATS, paths.REPLICATE_STATS); either gzipped
+# (.json.gz, as a committed example keeps them)
+STATS_NAME = re.compile(r"^grpo_(?P<backend>.+?)_(?P<steps>\d+)(?:_seed(?P<seed>\d+))?\.json(?:\.gz)?$")
 
 
 def identity_problems(runs: dict) -> list[str]:

@@ -158,7 +158,11 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         train_wall = time.perf_counter() - start
         finished_at = time.time()
         # After training, so that it slows no step: against it a decode step's time is judged (summary)
-        bandwidth = memory.device_bandwidth_gbs() if device == "cuda" else None
+        # Only on a GPU of its own: beside other jobs the figure is theirs too, and freeing its 2 GB could land in
+        # a neighbour's vLLM start (gpus.quiet)
+        lease = gpu_lease() if callable(gpu_lease) else gpu_lease
+        alone = not lease or lease.get("whole", True)
+        bandwidth = memory.device_bandwidth_gbs() if device == "cuda" and alone else None
         warnings = built.warned.records()
         config_read = {**effective_config(trainer), "rollout_settings": built.rollout_settings,
                        "sampler_seed": config["grpo"]["seed"], "fault": faults.split(backend_name)[1]}

@@ -166,10 +166,26 @@ def gpu_io(wildcards, alone):
 
 def measured_first(backend, steps):
     """A packed job whose memory is to be measured waits for the study's seed run of its backend: that run takes
-    a GPU of its own and measures what the others then ask for (ancient: a retrained one reruns none of them)."""
+    a GPU of its own and measures what the others then ask for (ancient: the order only; a retrained run reruns
+    none of them, and the run cache's key leaves it out)."""
     if PACKS and config["gpu_sharing"]["memory_gb"] is None:
         return {"measured": ancient(paths.STATS.format(backend=backend, steps=steps))}
     return {}
+
+
+def speed_run_last(backend, steps):
+    """With speed_runs: last, the study's seed run waits for the backend's other seeds (which compiled what it
+    needs), so that it runs alone with warm caches."""
+    if PACKS and config["gpu_sharing"]["speed_runs"] == "last":
+        return {"measured": [ancient(p) for p in runs_of(backend, steps)[1:]]}
+    return {}
+
+
+def keyed_inputs(input):
+    """A job's input files but the runs it only waited for (measured_first, speed_run_last): what keys its caches."""
+    waited = input.get("measured") or []
+    waited = {str(waited)} if isinstance(waited, str) else set(map(str, waited))
+    return [str(f) for f in input if str(f) not in waited]
 
 
 def get_rollout_inputs(wildcards):
@@ -177,7 +193,9 @@ def get_rollout_inputs(wildcards):
 
 
 def get_train_inputs(wildcards):
-    return {**model_inputs(), **(measured_first(wildcards.backend, wildcards.steps) if wildcards.replicate else {})}
+    if wildcards.replicate:
+        return {**model_inputs(), **measured_first(wildcards.backend, wildcards.steps)}
+    return {**model_inputs(), **speed_run_last(wildcards.backend, int(wildcards.steps))}
 
 
 def model_inputs():

@@ -23,7 +23,7 @@ rule rollout_check:
             out=output[0],
             threads=threads,
             code=script_code("rollout_check", backends.module_name(wildcards.backend)),
-            inputs=[f for f in input if f != input.get("measured")],
+            inputs=keyed_inputs(input),
             run_cache=config["run_cache"],
             **gpu_io(wildcards, alone=False),
         ),

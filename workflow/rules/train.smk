@@ -25,10 +25,10 @@ rule train:
             out=output[0],
             threads=threads,
             code=train_code(wildcards),
-            inputs=[f for f in input if f != input.get("measured")],  # not the run it waited for
+            inputs=keyed_inputs(input),
             log=train_log(wildcards),
             run_cache=config["run_cache"],
-            **gpu_io(wildcards, alone=config["gpu_sharing"]["speed_runs_alone"] and not wildcards.replicate),
+            **gpu_io(wildcards, alone=config["gpu_sharing"]["speed_runs"] != "packed" and not wildcards.replicate),
         ),
     # Longest expected job first, so that the GPUs finish together (grpo_equivalence.schedule).
     priority: lambda wildcards: schedule.priority(wildcards.backend, int(wildcards.steps))
