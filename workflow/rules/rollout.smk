@@ -27,6 +27,8 @@ rule rollout_check:
             run_cache=config["run_cache"],
             **gpu_io(wildcards, alone=False),
         ),
+    # Before the train jobs of its backend: a check is short, and its vLLM engine start is best paid early
+    priority: lambda wildcards: schedule.priority(wildcards.backend, max(STEPS)) + 1
     resources:
         gpu=gpu_resource(),
     threads: config.get("train_threads", 1)
