@@ -15,9 +15,10 @@ export TOKENIZERS_PARALLELISM := false
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU build of torch first (a plain `torch` requirement would pull a multi-GB CUDA build);
-	# TRL 1.16, whose GRPO trainer runs without Triton, i.e. on a CPU.
-	$(PY) -m pip install -q torch==2.13.0
+	# The CPU build of torch first, from PyTorch's CPU index as envs/cpu.yaml takes it (a plain `torch`
+	# requirement would pull a multi-GB CUDA build); an offline machine takes the same file from its own
+	# wheel folder (find-links). TRL 1.16, whose GRPO trainer runs without Triton, i.e. on a CPU.
+	$(PY) -m pip install -q --retries 1 --timeout 10 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]" "trl==1.16.*" "transformers==5.17.0"
 	touch $@
 

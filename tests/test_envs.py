@@ -42,3 +42,12 @@ def test_gpu_lock_holds_the_gpu_pins():
         if name not in ("jinja2", "jsonschema"):
             assert lock[norm(name)] == version, name
     assert lock["torch"] == "2.11.0" and lock["vllm"] == "0.26.0"
+
+
+def test_make_takes_torchs_cpu_build_from_the_index_the_cpu_env_names():
+    """A plain torch requirement on a stock machine pulls the CUDA build (gigabytes)."""
+    env = yaml.safe_load((ROOT / "envs" / "cpu.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    index = next(line.split()[1] for line in pip if line.startswith("--extra-index-url"))
+    torch_line = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "torch==" in line)
+    assert f"--index-url {index}" in torch_line and f"torch=={pip_pins('cpu.yaml')['torch']}" in torch_line
