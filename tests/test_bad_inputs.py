@@ -46,6 +46,12 @@ STUDIES = [
     ("a csv data file with only its header",
      lambda c, d: c.update(dataset={"path": "csv", "data_files": write_data(d / "h.csv", "prompt,solution\n\n")}),
      "h.csv has a header but no rows; it needs one problem per row"),
+    ("a GRPOConfig field misspelt", lambda c, d: c["grpo"].update(adam_betta2=0.99),
+     "grpo.adam_betta2: not a field of trl"),
+    ("a GRPOConfig field of the wrong type", lambda c, d: c["grpo"].update(torch_compile="yes"),
+     "grpo.torch_compile: 'yes' is not of GRPOConfig's type for it"),
+    ("a GRPOConfig field the workflow owns", lambda c, d: c["grpo"].update(logging_steps=10),
+     "grpo.logging_steps: set by the workflow, not the study: the statistics need one log per optimizer step"),
     ("a file builder without data_files", lambda c, d: c.update(dataset={"path": "json"}),
      'dataset.data_files: the "json" builder reads local files; name them in dataset.data_files'),
 ]
@@ -99,6 +105,15 @@ def test_missing_data_file_stops_snakemake_before_any_job(tmp_path):
     result = run_snakemake(tmp_path, path)
     assert result.returncode != 0 and "missing.jsonl does not exist; fix the path" in result.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_a_section_on_the_command_line_merges_into_the_studys(tmp_path):
+    """`--config 'grpo={learning_rate: 1.0e-5}'` changes that key and keeps the section's others."""
+    result = run_snakemake(tmp_path, ROOT / "studies" / "tiny.yaml", "grpo={learning_rate: 1.0e-5, adam_beta2: 0.99}",
+                           "--dry-run", "--printshellcmds")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert '"learning_rate": 1e-05' in result.stdout and '"adam_beta2": 0.99' in result.stdout
+    assert '"num_generations": 4' in result.stdout  # the rest of the section is still there
 
 
 def test_config_values_on_the_command_line_are_typed(tmp_path):
