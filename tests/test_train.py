@@ -150,3 +150,34 @@ def test_where_each_steps_time_goes_is_recorded(runs, backend, block):
     tokens = [s["metrics"]["completions/mean_length"] * 8 / s["profile"][block] for s in timed]  # batch of 8
     assert summary["rollout_tokens_per_s"] == pytest.approx(statistics.median(tokens))
     assert summary["decode_ms_per_step"] > 0
+
+
+def test_a_trl_field_outside_the_schema_reaches_the_trainer_and_a_tracker_writes_offline(primed, tiny_config, tmp_path,
+                                                                                         monkeypatch):
+    """Any field of GRPOConfig passes (checked against its dataclass); report_to is the study's; every run logs
+    its progress."""
+    monkeypatch.chdir(tmp_path)  # results/tracking/ lands here
+    tiny_config["grpo"].update(adam_beta2=0.99, report_to=["tensorboard"])
+    lines = []
+    train.run(tiny_config, "hf", 3, model_path=primed["model"], dataset=primed["dataset"], out=tmp_path / "grpo_hf_3.json",
+              study="mystudy", log=lines.append)
+    run = stats.load(tmp_path / "grpo_hf_3.json")
+    assert run["effective_config"]["trainer"]["adam_beta2"] == 0.99
+    assert run["effective_config"]["trainer"]["report_to"] == ["tensorboard"]
+    assert run["effective_config"]["trainer"]["project"] == "mystudy"
+    events = list((tmp_path / "results/tracking/tensorboard/mystudy/hf_3_seed3407").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    progress = [line for line in lines if " step " in line and " of 3, " in line]
+    assert [line.split(" step ")[1].split(" of")[0] for line in progress] == ["1", "2", "3"]
+    assert progress[-1].startswith("[hf x 3] step 3 of 3, ") and progress[-1].endswith("about 0 s left")
+
+
+def test_a_misspelt_or_owned_grpo_field_stops_the_job_before_any_model_is_loaded(tiny_config):
+    tiny_config["grpo"].update(adam_betta2=0.99)
+    with pytest.raises(SystemExit, match="grpo.adam_betta2: not a field of trl .*'s GRPOConfig; fix its spelling "
+                                         r"\(close: adam_beta2"):
+        train.check_packages("hf", tiny_config)
+    tiny_config["grpo"] = {**tiny_config["grpo"], "max_steps": 5}
+    tiny_config["grpo"].pop("adam_betta2")
+    with pytest.raises(SystemExit, match="grpo.max_steps: set by the workflow, not the study"):
+        train.check_packages("hf", tiny_config)

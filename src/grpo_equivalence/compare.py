@@ -4,7 +4,7 @@ step, the reference's seed-to-seed noise floor, and a verdict per metric (grpo_e
 import statistics
 
 from . import verdict
-from .runs import label, series
+from .runs import label, reward_functions, series
 from .stats import StatsError
 from .verdict import METRICS, NOT_LOGGED
 
@@ -53,9 +53,17 @@ def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: fl
             "seed_floor": statistics.fmean(floor["pairwise_abs_diff"]) if floor else None,
             "verdict": verdict.judge_runs(reference_runs, candidate_runs, metric, alpha=alpha, margin=margin),
         }
+    # Each reward function's mean per step, judged as the total reward is: a backend can trade one for another
+    functions = {}
+    for name in reward_functions([*reference_runs, *candidate_runs]):
+        key = f"rewards/{name}/mean"
+        floor = verdict.noise_floor(reference_runs, key)
+        functions[name] = {**step_differences(reference, candidate, key),
+                           "seed_floor": statistics.fmean(floor["pairwise_abs_diff"]) if floor else None,
+                           "verdict": verdict.judge_runs(reference_runs, candidate_runs, key, alpha=alpha, margin=margin)}
     # Holm over the metrics of this comparison (a report corrects again over all of its comparisons)
-    verdict.finalize([metrics[m]["verdict"] for m in COMPARED])
+    verdict.finalize([metrics[m]["verdict"] for m in COMPARED] + [f["verdict"] for f in functions.values()])
     return {"reference": reference["backend"], "candidate": candidate["backend"], "max_steps": reference["max_steps"],
             "steps_compared": len(reference["steps"]), "reference_seeds": [r["seed"] for r in reference_runs],
             "candidate_seeds": [r["seed"] for r in candidate_runs], "alpha": alpha, "margin": margin,
-            "metrics_judged": logged, "metrics": metrics}
+            "metrics_judged": logged, "metrics": metrics, "reward_functions": functions}

@@ -90,7 +90,9 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
                        "seeds": {backend: [r["seed"] for r in group] for backend, group in sorted(runs.items())},
                        "gpu_sharing": gpu_sharing(runs)})
     verdict.finalize([pair["metrics"][m]["verdict"] for table in tables for pair in table["pairs"] + table["stack_pairs"]
-                      for m in COMPARED])
+                      for m in COMPARED] +
+                     [f["verdict"] for table in tables for pair in table["pairs"] + table["stack_pairs"]
+                      for f in pair.get("reward_functions", {}).values()])
     return tables
 
 

@@ -1,4 +1,4 @@
-"""The study's four reward functions, with Unsloth's scoring.
+"""The study's four reward functions, with Unsloth's scoring, and the reward functions a study names.
 
 TRL names each reward metric after the function's `__name__` (`rewards/<name>/mean`), so the functions
 keep the study's names. They depend on the tokenizer's EOS token (the exact-format regex allows it at
@@ -73,3 +73,136 @@ def make_reward_functions(eos_token: str | None) -> list:
     functions = [match_format_exactly, match_format_approximately, check_answer, check_numbers]
     assert tuple(f.__name__ for f in functions) == REWARD_NAMES
     return functions
+
+
+# --- The reward functions a study names (config `rewards`), as TRL's reward_funcs -----------------------------
+
+STUDY_SET = "study"  # the original study's four, above (make_reward_functions)
+
+
+class RewardSpecError(ValueError):
+    pass
+
+
+def _parts(spec: str) -> tuple[str, str]:
+    target, _, function = spec.rpartition(":")
+    if not target or not function.isidentifier():
+        raise RewardSpecError(f"{spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION (or {STUDY_SET!r}, the study's four)")
+    return target, function
+
+
+def resolved(specs: list[str], bases=()) -> list[str]:
+    """The specs with every FILE.py made absolute: as given if absolute, else beside the first of `bases` (the
+    study file's folder, the working directory) that holds it."""
+    from pathlib import Path
+
+    out = []
+    for spec in specs:
+        if spec == STUDY_SET:
+            out.append(spec)
+            continue
+        target, function = _parts(spec)
+        if target.endswith(".py"):
+            path = Path(target).expanduser()
+            if not path.is_absolute():
+                path = next((Path(b) / path for b in bases if (Path(b) / path).is_file()), path)
+            target = str(path.resolve())
+        out.append(f"{target}:{function}")
+    return out
+
+
+def _import(spec: str, written: str | None = None):
+    """The function `spec` names; errors name it as the study wrote it (`written`)."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    target, function = _parts(spec)
+    said = written or spec
+    shown = _parts(said)[0] if said != spec else target
+    if target.endswith(".py"):
+        if not Path(target).is_file():
+            raise RewardSpecError(f"{said!r}: {shown} does not exist; give the file's path (relative to the study file "
+                                  f"or the working directory)")
+        name = f"grpo_equivalence_user_rewards_{abs(hash(target))}"
+        module_spec = importlib.util.spec_from_file_location(name, target)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as error:
+            raise RewardSpecError(f"{said!r}: module {target} cannot be imported ({error}); install it, or give a "
+                                  f"file: path/to/rewards.py:{function}") from None
+    if not hasattr(module, function):
+        raise RewardSpecError(f"{said!r}: {shown} has no {function!r}")
+    return getattr(module, function)
+
+
+def _signature_problem(spec: str, function) -> str | None:
+    import inspect
+
+    if not callable(function):
+        return f"{spec!r} is a {type(function).__name__}, not a function"
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return (f"{spec!r} must take **kwargs: TRL calls it with prompts, completions, completion_ids and the data "
+                f"set's columns (answer) by name; write def {getattr(function, '__name__', 'f')}(completions, **kwargs)")
+    return None
+
+
+def load(specs: list[str], eos_token: str | None) -> list:
+    """The reward functions of `specs` (resolved), in order: the study's set expands to its four."""
+    functions = []
+    for spec in specs:
+        functions += make_reward_functions(eos_token) if spec == STUDY_SET else [_import(spec)]
+    return functions
+
+
+def problems(specs: list[str], reward_weights=None, written: list[str] | None = None) -> list[str]:
+    """Every spec (resolved) imported and checked (a function taking **kwargs, names unique, weights one per
+    function), one line each, naming the key as the study wrote it (`written`) and the fix."""
+    found, names = [], []
+    for i, spec in enumerate(specs):
+        said = (written or specs)[i]
+        try:
+            functions = make_reward_functions(None) if spec == STUDY_SET else [_import(spec, said)]
+        except RewardSpecError as error:
+            found.append(f"rewards[{i}]: {error}")
+            continue
+        except Exception as error:  # the user's module failed while it was imported
+            found.append(f"rewards[{i}]: importing {said!r} failed ({type(error).__name__}: {error}); fix that module")
+            continue
+        for function in functions:
+            if (problem := _signature_problem(said, function)) is not None:
+                found.append(f"rewards[{i}]: {problem}")
+            names.append(getattr(function, "__name__", spec))
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        found.append(f"rewards: {', '.join(twice)} named twice; TRL logs each function as rewards/<its name>/mean, so "
+                     f"give each a name of its own")
+    if isinstance(reward_weights, list) and not found and len(reward_weights) != len(names):
+        found.append(f"grpo.reward_weights: {len(reward_weights)} weight(s) for {len(names)} reward function(s) "
+                     f"({', '.join(names)}); give one weight per function")
+    return found
+
+
+def code_files(specs: list[str]) -> list[str]:
+    """The files of the reward code outside this project (resolved specs): a change in one reruns the jobs."""
+    import importlib.util
+
+    files = []
+    for spec in specs:
+        if spec == STUDY_SET:
+            continue
+        target, _ = _parts(spec)
+        if target.endswith(".py"):
+            files.append(target)
+        elif not target.startswith(__package__ + "."):
+            found = importlib.util.find_spec(target)
+            if found is not None and found.origin:
+                files.append(found.origin)
+    return files

@@ -194,6 +194,10 @@ def _sidecars(path: Path) -> tuple[Path, Path]:
     return path.with_suffix(".sha256"), path.with_suffix(".log")
 
 
+def _adapter_of(path: Path) -> Path:
+    return path.with_suffix(".adapter")
+
+
 def _private_folder(path: Path) -> Path | None:
     """`path` made 0700 if absent, or None where it is not a folder of this user's alone (a folder under a
     shared /dev/shm that someone else made first must not receive this user's run)."""
@@ -225,6 +229,7 @@ class JobCache:
     restore_allowed: bool  # False for a job Snakemake was told to rerun: it trains and replaces the entry
     cache: Path = Path(RUN_CACHE)
     log_file: Path | None = None
+    adapter: Path | None = None  # the run's adapter folder, where the study keeps them (save_adapters)
 
     def places(self) -> list[Path]:
         """The cache, then the rescue folders that exist and are this user's alone."""
@@ -242,7 +247,8 @@ def for_job(args: dict, settings: dict) -> JobCache:
         return JobCache(None, why, False, log_file=log_file)
     forced = json.loads(os.environ.get(FORCED_ENV, "[]"))
     return JobCache(key(settings, args["code"], args["inputs"], identity), "",
-                    restore_allowed=str(args["out"]) not in forced, log_file=log_file)
+                    restore_allowed=str(args["out"]) not in forced, log_file=log_file,
+                    adapter=Path(args["adapter"]) if args.get("adapter") else None)
 
 
 def _refuse(path: Path, reason: str, log) -> None:
@@ -284,12 +290,15 @@ def restore(job: JobCache, out: Path, log=print) -> dict | None:
         return None
     for folder in job.places():
         path = entry(job.key, folder)
-        if not path.exists():
-            continue
+        if not path.exists() or (job.adapter is not None and not _adapter_of(path).is_dir()):
+            continue  # an entry without the adapter this job must write is no use to it
         found = _verified(path, log)
         if found is None:
             continue
         run, data = found
+        if job.adapter is not None:
+            shutil.rmtree(job.adapter, ignore_errors=True)
+            shutil.copytree(_adapter_of(path), job.adapter)
         stats.write_text(out, data.decode())
         if folder != job.cache:  # rescued: back into the cache, where it belongs, now that there may be room
             try:
@@ -337,6 +346,9 @@ def keep(job: JobCache, result: dict, out: Path, log=print) -> None:
     if job.key is not None:
         try:
             kept = _write_entry(job.key, text, log_text, job.cache)
+            if job.adapter is not None:
+                shutil.rmtree(_adapter_of(kept), ignore_errors=True)
+                shutil.copytree(job.adapter, _adapter_of(kept))
         except OSError as error:
             cache_error = f"{job.cache}: {error.strerror or error}"
     try:

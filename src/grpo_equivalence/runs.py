@@ -3,6 +3,7 @@ per-step series of the metrics they are judged and drawn on. (Kept apart from `s
 train jobs write through, so that changing how runs are read reruns no training.)"""
 
 import math
+import re
 from pathlib import Path
 
 from . import stats
@@ -11,6 +12,18 @@ from . import stats
 # trainer's `metrics`).
 METRIC_KEYS = {"loss": "loss", "reward": "reward", "kl": "kl", "grad_norm": "grad_norm",
                "completion_length": "completions/mean_length", "entropy": "entropy"}
+
+
+REWARD_FUNCTION = re.compile(r"^rewards/(?P<name>.+)/mean$")  # TRL's mean of one reward function at a step
+
+
+def reward_functions(runs: list[dict]) -> list[str]:
+    """The reward functions (TRL's rewards/<name>/mean) every step of every run logged, in their first run's order."""
+    if not runs:
+        return []
+    names = [m["name"] for key in (runs[0]["steps"][0].get("metrics") or {}) if (m := REWARD_FUNCTION.match(key))]
+    return [n for n in names if all(isinstance((s.get("metrics") or {}).get(f"rewards/{n}/mean"), (int, float))
+                                    for r in runs for s in r["steps"])]
 
 
 def label(run: dict) -> str:

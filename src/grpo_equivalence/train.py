@@ -2,20 +2,22 @@
 
 import contextlib
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import backends, environment, faults, gpus, memory, stats
+from . import backends, environment, faults, gpus, memory, rewards, stats
 from .answer_format import CHAT_TEMPLATE
 from .data import load_problems
-from .rewards import make_reward_functions
 from .runwarnings import WarningLog
 
-# Settings the workflow itself fixes for every run (not study choices): one log per optimizer step so
-# that statistics align step by step, and no checkpoints (the statistics file is the run's output).
-FIXED_ARGS = {"logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True}
+# Settings the workflow itself fixes for every run (not study choices, config.WORKFLOW_OWNED_GRPO says why): one
+# log per optimizer step so that statistics align step by step, and no checkpoints (the statistics file is the
+# run's output). TRL's own progress bar is off by default (a job's log shows the workflow's progress line instead).
+FIXED_ARGS = {"logging_steps": 1, "logging_strategy": "steps", "save_strategy": "no"}
+DEFAULT_ARGS = {"report_to": "none", "disable_tqdm": True}  # a study's grpo section may set these
 # Trainer arguments left out of `effective_config`: paths that differ per run by construction.
 UNRECORDED_ARGS = ("output_dir", "logging_dir", "run_name")
 
@@ -51,9 +53,15 @@ def check_runnable(config: dict, backend_names) -> None:
         raise backends.BackendUnavailable("\n".join(problems))
 
 
-def check_packages(backend_name: str) -> None:
-    """The backend's packages, checked without touching CUDA (before a GPU lease is taken)."""
+def check_packages(backend_name: str, config: dict | None = None) -> None:
+    """The backend's packages, checked without touching CUDA (before a GPU lease is taken), and the study's extra
+    GRPOConfig fields against the TRL installed here (a planning machine without TRL could not check them)."""
     backends.get(backend_name).check_runnable(None)
+    from .config import grpo_field_problems
+
+    problems = grpo_field_problems((config or {}).get("grpo") or {})
+    if problems:
+        raise SystemExit("error: " + "; ".join(problems))
 
 
 def seed_samplers(seed: int) -> None:
@@ -63,6 +71,18 @@ def seed_samplers(seed: int) -> None:
     from accelerate.utils import set_seed
 
     set_seed(seed, device_specific=True)  # as TRL seeds before generating
+
+
+def use_chat_template(tokenizer, template: str | None) -> None:
+    """The study's chat_template on the tokenizer: the model's own (None), the original study's ("study"), a
+    Jinja template, or a file holding one."""
+    if template == "study":
+        tokenizer.chat_template = CHAT_TEMPLATE
+    elif template:
+        tokenizer.chat_template = Path(template).read_text() if "{" not in template else template
+    elif not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the model's tokenizer has no chat template; set chat_template in the study (\"study\" for "
+                         "the original study's, a Jinja template, or a file holding one)")
 
 
 @dataclass
@@ -76,9 +96,10 @@ class Session:
 
 @contextlib.contextmanager
 def session(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, callbacks=(),
-            seed: int | None = None, log=print):
+            seed: int | None = None, tracking: dict | None = None, log=print):
     """The backend's model and GRPOTrainer as training uses them (also for the rollout check, which samples
-    through the same trainer without training). `seed` overrides the study's (a replicate's)."""
+    through the same trainer without training). `seed` overrides the study's (a replicate's); `tracking`: the
+    run's name and project for the trackers grpo.report_to names (tracked)."""
     backend = backends.get(backend_name)
     device = device_for(config["gpus_per_train_job"])
     backend.check_runnable(device)  # before anything is loaded: a missing package costs seconds, not a model load
@@ -100,7 +121,7 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
         log(f"[{backend_name} x {max_steps}] loading {model_path} on {device}")
         loaded = backend.load(spec)
         tokenizer = loaded.tokenizer
-        tokenizer.chat_template = CHAT_TEMPLATE  # the study's format, whatever template the model shipped with
+        use_chat_template(tokenizer, config.get("chat_template"))
         problems = load_problems(dataset, system_prompt=config.get("system_prompt"), tokenizer=tokenizer)
         # No checkpoints are saved; the trainer's output_dir is a scratch folder, not a result.
         with tempfile.TemporaryDirectory(prefix=f"grpo_{backend_name}_{max_steps}_") as scratch:
@@ -111,14 +132,14 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
                 use_cpu=device == "cpu",
                 bf16=config["dtype"] == "bfloat16" and device == "cuda",
                 fp16=config["dtype"] == "float16" and device == "cuda",
-                **grpo,
+                **{**DEFAULT_ARGS, **(tracking or {}), **grpo},
                 **FIXED_ARGS,
                 **overrides,
             )
             trainer = GRPOTrainer(
                 model=loaded.model,
                 processing_class=tokenizer,
-                reward_funcs=make_reward_functions(tokenizer.eos_token),
+                reward_funcs=rewards.load(config.get("rewards") or [rewards.STUDY_SET], tokenizer.eos_token),
                 args=args,
                 train_dataset=problems,
                 peft_config=loaded.peft_config,
@@ -131,8 +152,47 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
                           rollout_settings=sorted(overrides) + sorted(prepared), startup_began=startup_began)
 
 
+TRACKING = Path("results/tracking")  # what the trackers of grpo.report_to write, by study and run
+
+
+def tracked(config: dict, backend_name: str, max_steps: int, study: str, root: Path = TRACKING) -> dict:
+    """The run's name and project for the trackers (TensorBoard, Trackio, W&B offline), with each one pointed at
+    `root` on this machine: a run is named {backend}_{steps}_seed{seed} and grouped by study."""
+    run_name = f"{backend_name}_{max_steps}_seed{config['grpo']['seed']}"
+    root = Path(root).resolve()
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(root / "tensorboard" / study / run_name)
+    os.environ.setdefault("TRACKIO_DIR", str(root / "trackio"))
+    os.environ.setdefault("WANDB_MODE", "offline")  # nothing leaves the machine unless the user asks for it
+    os.environ.setdefault("WANDB_DIR", str(root))
+    os.environ.setdefault("WANDB_PROJECT", study)
+    os.environ.setdefault("WANDB_RUN_GROUP", study)
+    return {"run_name": run_name, "project": study}
+
+
+def progress(total: int, label: str, log=print):
+    """A TrainerCallback that logs the run's progress: step n of N, seconds a step, time left (every step early on,
+    then about fifty lines a run)."""
+    from transformers import TrainerCallback
+
+    every = max(1, total // 50)
+
+    class Progress(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.began = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            step = state.global_step
+            if step <= 3 or step % every == 0 or step == total:
+                per_step = (time.perf_counter() - self.began) / step
+                log(f"{label} step {step} of {total}, {per_step:.2f} s a step, about {per_step * (total - step):.0f} s "
+                    f"left")
+                sys.stdout.flush()  # the job's log is a file: a line a user waits for must not sit in a buffer
+
+    return Progress()
+
+
 def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
-        gpu_lease=None, log=print, write=stats.write) -> dict:
+        gpu_lease=None, study: str = "study", adapter: Path | None = None, log=print, write=stats.write) -> dict:
     """Trains and writes `out` (with `write`: the train job's also keeps the run where `out` cannot be written).
     `model_path`/`dataset` are the config's, resolved (tiny study: built files). `gpu_lease`: the lease's record,
     or a function that gives it once training is over (which runs shared the GPU meanwhile)."""
@@ -145,8 +205,10 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     recorder_mode = config.get("recorder", "full")
     recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None,
                                    mode=recorder_mode)
-    with session(config, backend_name, max_steps, model_path=model_path, dataset=dataset, callbacks=[recorder],
-                 log=log) as built:
+    label = f"[{backend_name} x {max_steps}]"
+    with session(config, backend_name, max_steps, model_path=model_path, dataset=dataset,
+                 callbacks=[recorder, progress(max_steps, label, log)],
+                 tracking=tracked(config, backend_name, max_steps, study), log=log) as built:
         trainer = built.trainer
         startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
         log(f"[{backend_name} x {max_steps}] training")
@@ -167,6 +229,9 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         config_read = {**effective_config(trainer), "rollout_settings": built.rollout_settings,
                        "sampler_seed": config["grpo"]["seed"], "fault": faults.split(backend_name)[1]}
         model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+        if adapter is not None:  # the trained LoRA adapter and the tokenizer it was trained with (save_adapters)
+            trainer.model.save_pretrained(adapter)
+            trainer.processing_class.save_pretrained(adapter)
 
     steps = stats.step_records(recorder.records)
     peaks = [s["peak_mem_gb"] for s in steps if s["peak_mem_gb"] is not None]

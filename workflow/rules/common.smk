@@ -8,19 +8,23 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-# The package lives in src/. Jobs inherit its path through PYTHONPATH, whatever environment they run
-# in (a venv, a rule's conda env, a cluster node), so the workflow runs from a checkout whether or not
-# the package was pip-installed there.
-SRC = str(Path(workflow.basedir) / "src")
-sys.path.insert(0, SRC)
-os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
+# The project's own folder, from this file's place (not workflow.basedir, which is the including workflow's
+# when this one is used as a Snakemake module, nor the working directory).
+PROJECT = Path(workflow.current_basedir).resolve().parents[1]
+# The package: the checkout's src/ beside this Snakefile (so that the rules and the code they run are of one
+# version), else the package as installed. Jobs inherit the path through PYTHONPATH, whatever environment
+# they run in (a venv, a rule's conda env, a cluster node).
+SRC = PROJECT / "src"
+if (SRC / "grpo_equivalence").is_dir():
+    sys.path.insert(0, str(SRC))
+    os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p))
 
-from grpo_equivalence import backends, gpushare, paths, runcache, schedule
+from grpo_equivalence import backends, gpushare, paths, rewards, runcache, schedule
 from grpo_equivalence.codedeps import code_hash
 from grpo_equivalence.faults import split as fault_split
 from grpo_equivalence.report import TEMPLATE as REPORT_TEMPLATE
-from grpo_equivalence.config import (SCHEMA, TINY, RANDOM, ConfigError, architecture_path, check, is_local,
-                                     load_study, local_input_files, with_overrides)
+from grpo_equivalence.config import (SCHEMA, TINY, RANDOM, CHAT_TEMPLATE_STUDY, ConfigError, architecture_path, check,
+                                     chat_template_file, is_local, load_study, local_input_files, with_overrides)
 
 
 def study_file():
@@ -28,7 +32,7 @@ def study_file():
     directory), else a --configfile that Snakemake has read itself (None), else config.yaml."""
     path = config.get("study")
     if path is None:
-        return None if workflow.configfiles else Path(workflow.basedir) / "config.yaml"
+        return None if workflow.configfiles else PROJECT / "config.yaml"
     for base in (Path.cwd(), Path(os.environ.get("PWD", "."))):
         if (base / path).expanduser().exists():
             return (base / path).expanduser()
@@ -45,7 +49,9 @@ try:
     study.pop("study", None)
     config.clear()
     config.update(study)
-    check(config)
+    # Where a study's relative reward file or chat template file lies: beside the study file, else here
+    BASES = [Path(f).parent for f in ([path] if path is not None else workflow.configfiles)] + [Path.cwd()]
+    check(config, BASES)
 except ConfigError as error:
     named = [str(path)] if path is not None else list(map(str, workflow.configfiles))
     raise WorkflowError(f"{error}\n(study: {', '.join(named)})")
@@ -55,6 +61,17 @@ validate(config, str(SCHEMA))
 # (its folder goes first on PATH), or the rule's own when its conda environment is activated over it.
 os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
+# The study's reward functions and chat template as the jobs find them (files made absolute: io, not settings,
+# so that a clone elsewhere reruns nothing), and the files of them outside the project, whose content is part of
+# the training code (a changed reward file reruns the train jobs).
+REWARD_SPECS = rewards.resolved(config["rewards"], BASES)
+TEMPLATE_FILE = (chat_template_file(config["chat_template"], BASES)
+                 if config["chat_template"] not in (None, CHAT_TEMPLATE_STUDY) and "{" not in config["chat_template"]
+                 else None)
+STUDY_CODE = rewards.code_files(REWARD_SPECS) + ([str(TEMPLATE_FILE)] if TEMPLATE_FILE else [])
+RESOLVED = {"rewards": REWARD_SPECS, "chat_template": str(TEMPLATE_FILE) if TEMPLATE_FILE else config["chat_template"]}
+# Groups the study's runs in the trackers (grpo.report_to)
+STUDY_NAME = config.get("name") or (Path(path).stem if path is not None else "study")
 BACKENDS = config["backends"]
 REFERENCE = config["reference"]
 STEPS = config["steps"]
@@ -63,7 +80,7 @@ SEED = config["grpo"]["seed"]
 
 
 # Jobs run `python {SCRIPTS}/STAGE.py SETTINGS IO` (see grpo_equivalence.jobs for why not `script:`).
-SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
+SCRIPTS = PROJECT / "workflow" / "scripts"
 # Model and data on this machine: jobs are told to stay off the network, whatever the environment says.
 OFFLINE = is_local(config)
 LOCAL_INPUTS = local_input_files(config)
@@ -103,6 +120,11 @@ def train_env():
 
 def log_for(name):
     return paths.LOG.format(name=name)
+
+
+def adapter_output():
+    """A train job's adapter folder, where the study keeps them (save_adapters)."""
+    return [directory(paths.ADAPTER)] if config["save_adapters"] else []
 
 
 def train_log(wildcards):
@@ -213,7 +235,14 @@ def model_inputs():
 def train_code(wildcards):
     """The training code of this backend: the train script with what it imports, and the backend's own file
     (imported by name at run time, so named here)."""
-    return script_code("train", backends.module_name(wildcards.backend))
+    modules, files = backends.code_of(wildcards.backend)
+    return script_code("train", *modules, files=[*files, *STUDY_CODE])
+
+
+def rollout_code(wildcards):
+    """The rollout check's code of this backend, as train_code."""
+    modules, files = backends.code_of(wildcards.backend)
+    return script_code("rollout_check", *modules, files=[*files, *STUDY_CODE])
 
 
 def seed_of(wildcards):
@@ -223,7 +252,8 @@ def seed_of(wildcards):
 
 def get_train_settings(wildcards):
     """Everything of the config that a train job's numbers depend on: a change reruns the job."""
-    keys = ("model", "dataset", "system_prompt", "dtype", "max_seq_length", "lora", "grpo", "gpus_per_train_job", "recorder")
+    keys = ("model", "dataset", "system_prompt", "rewards", "chat_template", "dtype", "max_seq_length", "lora", "grpo",
+            "gpus_per_train_job", "recorder")
     settings = {key: config.get(key) for key in keys}
     settings["grpo"] = {**config["grpo"], "seed": seed_of(wildcards)}
     # Only this backend's options: another backend's do not rerun this job.

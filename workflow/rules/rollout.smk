@@ -17,20 +17,22 @@ rule rollout_check:
             dataset=dataset_spec(),
         ),
         script=entry_point("rollout_check"),
-        code=lambda wildcards: script_code("rollout_check", backends.module_name(wildcards.backend)),
+        code=lambda wildcards: rollout_code(wildcards),
         # code and inputs key the compile caches the check shares with the backend's other jobs (runcache)
         io=lambda wildcards, input, output, threads: io_args(
             out=output[0],
             threads=threads,
-            code=script_code("rollout_check", backends.module_name(wildcards.backend)),
+            code=rollout_code(wildcards),
             inputs=keyed_inputs(input),
             run_cache=config["run_cache"],
+            resolved=RESOLVED,
             **gpu_io(wildcards, alone=False),
         ),
     # Before the train jobs of its backend: a check is short, and its vLLM engine start is best paid early
     priority: lambda wildcards: schedule.priority(wildcards.backend, max(STEPS)) + 1
     resources:
         gpu=gpu_resource(),
+        **config["job_resources"],
     threads: config.get("train_threads", 1)
     conda:
         train_env()

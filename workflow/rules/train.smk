@@ -9,6 +9,7 @@ rule train:
         unpack(get_train_inputs),
     output:
         paths.RUN_STATS,
+        *adapter_output(),
     params:
         settings=lambda wildcards: job_args(
             config=get_train_settings(wildcards),
@@ -28,17 +29,23 @@ rule train:
             inputs=keyed_inputs(input),
             log=train_log(wildcards),
             run_cache=config["run_cache"],
+            study=STUDY_NAME,
+            resolved=RESOLVED,
+            adapter=output[1] if len(output) > 1 else None,
             **gpu_io(wildcards, alone=config["gpu_sharing"]["speed_runs"] != "packed" and not wildcards.replicate),
         ),
     # Longest expected job first, so that the GPUs finish together (grpo_equivalence.schedule).
     priority: lambda wildcards: schedule.priority(wildcards.backend, int(wildcards.steps))
     resources:
         gpu=gpu_resource(),
+        **config["job_resources"],
     threads: config.get("train_threads", 1)
     conda:
         train_env()
     log:
         log_for(paths.TRAIN_LOG),
+    benchmark:
+        paths.BENCHMARK.format(name=paths.TRAIN_LOG)
     shell:
         "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
 

@@ -7,7 +7,8 @@ from grpo_equivalence import gpushare, jobs, rollout, runcache, train
 
 a = jobs.arguments()
 jobs.stop_with_workflow()
-train.check_packages(a["backend"])  # before waiting for a GPU: a missing package fails at once
+a["config"].update(a.get("resolved", {}))  # the reward files and chat template where this job finds them
+train.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
 runcache.use_compile_caches(a)
 with gpushare.leased_for_job(a):
     import torch

@@ -18,12 +18,14 @@ if cache.key is None:
 elif not cache.restore_allowed:
     print(f"[{a['backend']} x {a['steps']}] snakemake was told to rerun this job: training, not restoring",
           flush=True)
+a["config"].update(a.get("resolved", {}))  # the reward files and chat template where this job finds them
 if runcache.restore(cache, out) is None:
-    train.check_packages(a["backend"])  # before waiting for a GPU: a missing package fails at once
+    train.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
     runcache.use_compile_caches(a)
     with gpushare.leased_for_job(a) as lease:
         import torch
 
         torch.set_num_threads(a["threads"])
         train.run(a["config"], a["backend"], a["steps"], model_path=a["model_path"], dataset=a["dataset"], out=out,
-                  gpu_lease=lease.record, write=lambda path, result: runcache.keep(cache, result, path))
+                  gpu_lease=lease.record, study=a.get("study", "study"), adapter=a.get("adapter"),
+                  write=lambda path, result: runcache.keep(cache, result, path))
