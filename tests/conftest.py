@@ -57,3 +57,31 @@ def primed(tmp_path_factory, tiny_study):
     model.save_pretrained(root / "primed")
     tokenizer.save_pretrained(root / "primed")
     return {"model": str(root / "primed"), "dataset": {"path": "json", "data_files": str(root / "train.jsonl")}}
+
+
+@pytest.fixture(scope="session")
+def tiny_results(tmp_path_factory):
+    """results/tiny of the tiny study (model, data and the primed model), built once by the workflow itself: a
+    whole-workflow test that is about something else copies it in (tiny_into) instead of priming again. cp -a keeps
+    the files' times, so Snakemake finds them up to date."""
+    import subprocess
+    import sys
+
+    workdir = tmp_path_factory.mktemp("tiny-results")
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+                             "results/tiny/primed", "--cores", "2", "--config", f"study={ROOT / 'studies' / 'tiny.yaml'}"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir / "results" / "tiny"
+
+
+@pytest.fixture
+def tiny_into(tiny_results):
+    """tiny_into(workdir): the built tiny study's results/tiny in `workdir` (a study with tiny.yaml's tiny section)."""
+    import subprocess
+
+    def copy(workdir):
+        (workdir / "results").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-a", str(tiny_results), str(workdir / "results" / "tiny")], check=True)
+
+    return copy

@@ -48,9 +48,11 @@ def install_plugin(site: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def user_folder(tmp_path_factory):
+def user_folder(tmp_path_factory, tiny_results):
     """A user's project: a Snakefile that uses this workflow as a module, their study, reward file and package."""
     folder = tmp_path_factory.mktemp("user")
+    (folder / "results").mkdir()
+    subprocess.run(["cp", "-a", str(tiny_results), str(folder / "results" / "tiny")], check=True)  # primed once
     install_plugin(folder / "site")
     (folder / "my_rewards.py").write_text(REWARD_FILE)
     study = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())

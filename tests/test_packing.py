@@ -109,7 +109,8 @@ def run_packed(workdir, target):
 
 
 @pytest.mark.workflow
-def test_a_packed_study_runs_the_speed_run_alone_and_the_other_seeds_together(tmp_path):
+def test_a_packed_study_runs_the_speed_run_alone_and_the_other_seeds_together(tmp_path, tiny_into):
+    tiny_into(tmp_path)
     config = tiny_packed(jobs_per_gpu=3)
     config.update(backends=["hf"], reference="hf", steps=[4], replicates={"reference": 4, "others": 1},
                   rollout_check=SMALL_ROLLOUT_CHECK)
@@ -140,7 +141,8 @@ def test_speed_runs_last_needs_a_memory_setting(tiny_config):
 
 
 @pytest.mark.workflow
-def test_speed_runs_last_run_alone_after_the_other_seeds(tmp_path):
+def test_speed_runs_last_run_alone_after_the_other_seeds(tmp_path, tiny_into):
+    tiny_into(tmp_path)
     config = tiny_packed(jobs_per_gpu=3, memory_gb=2.0, speed_runs="last")
     config.update(backends=["hf"], reference="hf", steps=[4], replicates={"reference": 3, "others": 1},
                   rollout_check=SMALL_ROLLOUT_CHECK)

@@ -150,25 +150,36 @@ def test_a_local_study_makes_no_network_call_whatever_the_environment(interrupte
     assert not log.exists(), log.read_text()[:3000]
 
 
-@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
-def test_train_jobs_stop_when_snakemake_is_killed(tmp_path, reaped):
+def test_a_process_that_ended_counts_as_gone_reaped_or_a_zombie():
+    """What the train jobs' watch reads of the Snakemake process: a start time while it lives, none once it has
+    ended, also while it is a zombie that its parent has not reaped (its /proc entry outlives it)."""
+    from grpo_equivalence import jobs
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert jobs._start_time(proc.pid) is not None
+    proc.kill()
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.05)
+    assert jobs._start_time(proc.pid) is None  # a zombie
+    proc.wait()
+    assert jobs._start_time(proc.pid) is None  # reaped
+
+
+def test_train_jobs_stop_when_snakemake_is_killed_even_unreaped(tmp_path, tiny_into):
     """SIGKILL leaves Snakemake no chance to stop its jobs: they must notice and stop themselves, or they
-    would train on as orphans (holding a GPU) beside a rerun that --unlock allows. A parent that kills
-    Snakemake without reaping it leaves a zombie, whose /proc entry looks like a live process: gone all the
-    same."""
+    would train on as orphans (holding a GPU) beside a rerun that --unlock allows. Here its parent kills it
+    without reaping it, so it stays a zombie, whose /proc entry looks like a live process: gone all the same."""
+    tiny_into(tmp_path)
     study(tmp_path, backends=["hf"], reference="hf", steps=[200], replicates={"reference": 1, "others": 1})
     proc = start(tmp_path, dict(os.environ))
     (log,) = wait_until_training(tmp_path, proc)
     jobs = train_processes(tmp_path)
     assert jobs, "the running train job was not found"
-    proc.kill()
-    if reaped:
-        proc.wait()
+    proc.kill()  # and not reaped until the jobs are gone
     while any(alive(pid) for pid in jobs):
         time.sleep(0.2)
-    if not reaped:  # the jobs stopped while Snakemake was still a zombie
-        assert Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-        proc.wait()
+    assert Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # still a zombie
+    proc.wait()
     assert "the workflow that started this job (snakemake" in log.read_text()
     assert not (tmp_path / "results/stats/grpo_hf_200.json").exists()  # stopped, not finished
 

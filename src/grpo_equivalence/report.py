@@ -49,13 +49,14 @@ def stack_comparisons(groups: dict, steps: int, reference: str, *, alpha: float,
 
 
 def gpu_sharing(runs: dict) -> dict | None:
-    """Which runs of one step count had their GPU to themselves and which shared it (None: no run shared one)."""
+    """Of one step count's runs ({backend: runs, the study's seed first}): the study-seed runs, whose speed and
+    memory the report shows, that had their GPU to themselves, and every run that shared one (None: none did)."""
     from .summary import alone_on_gpu
 
     every = [run for group in runs.values() for run in group]
     if not any(alone_on_gpu(run) is False for run in every):
         return None
-    return {"alone": [run_files.label(r) for r in every if alone_on_gpu(r)],
+    return {"alone": [run_files.label(group[0]) for group in runs.values() if alone_on_gpu(group[0])],
             "shared": [run_files.label(r) for r in every if alone_on_gpu(r) is False]}
 
 

@@ -177,13 +177,14 @@ def gpu_resource():
     return 0 if PACKS and workflow.local_exec else config["gpus_per_train_job"]
 
 
-def gpu_io(wildcards, alone):
+def gpu_io(name, alone):
     """What a GPU job's lease needs (io, so that packing reruns nothing): the sharing settings, whether this
-    run must have its GPU to itself, the GPUs Snakemake may use (--resources gpu=N), and the run's name."""
+    run must have its GPU to itself, the GPUs Snakemake may use (--resources gpu=N), and the job's name in the
+    other jobs' records of who shared their GPU."""
     limit = workflow.global_resources.get("gpu")
     limit = getattr(limit, "value", limit)
     return {"gpu_sharing": config["gpu_sharing"], "alone": alone, "max_gpus": limit if isinstance(limit, int) else None,
-            "run": "_".join(str(v) for v in wildcards if v) or "run"}
+            "run": name}
 
 
 def measured_first(backend, steps):

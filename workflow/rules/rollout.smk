@@ -26,7 +26,7 @@ rule rollout_check:
             inputs=keyed_inputs(input),
             run_cache=config["run_cache"],
             resolved=RESOLVED,
-            **gpu_io(wildcards, alone=False),
+            **gpu_io(f"rollout check {wildcards.backend} seed {seed_of(wildcards)}", alone=False),
         ),
     # Before the train jobs of its backend: a check is short, and its vLLM engine start is best paid early
     priority: lambda wildcards: schedule.priority(wildcards.backend, max(STEPS)) + 1

@@ -32,7 +32,8 @@ rule train:
             study=STUDY_NAME,
             resolved=RESOLVED,
             adapter=output[1] if len(output) > 1 else None,
-            **gpu_io(wildcards, alone=config["gpu_sharing"]["speed_runs"] != "packed" and not wildcards.replicate),
+            **gpu_io(f"{wildcards.backend}_{wildcards.steps}_seed{seed_of(wildcards)}",
+                     alone=config["gpu_sharing"]["speed_runs"] != "packed" and not wildcards.replicate),
         ),
     # Longest expected job first, so that the GPUs finish together (grpo_equivalence.schedule).
     priority: lambda wildcards: schedule.priority(wildcards.backend, int(wildcards.steps))
