@@ -330,3 +330,43 @@ def test_a_job_asking_for_more_memory_than_a_gpu_has_is_an_error_not_a_wait(fake
     monkeypatch.setenv(gpus.MEMORY_ENV, "10")
     with pytest.raises(RuntimeError, match="more than a GPU has"):
         gpus.acquire(1, gpus.Need(whole=False, memory_gb=12, jobs_per_gpu=2))
+
+
+QUIET_PROBE = """
+import sys, time
+from grpo_equivalence import gpus
+with gpus.quiet([sys.argv[1]], measuring=sys.argv[2] == "measure"):
+    print(f"in {time.time()}", flush=True)
+    time.sleep(float(sys.argv[3]))
+"""
+
+
+def _quiet_probe(path, mode, hold_s=0.0):
+    return subprocess.Popen([sys.executable, "-c", QUIET_PROBE, str(path), mode, str(hold_s)], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(gpus.__file__).parents[1])})
+
+
+def test_loading_jobs_overlap_but_never_a_vllm_engines_start_and_it_is_not_starved(tmp_path):
+    """Jobs that load or end (shared quiet lock) go on beside each other; an engine start (exclusive) waits for
+    them, and while it waits, a job that comes to load after it waits behind it (the turnstile)."""
+    path = tmp_path / "gpu-0.quiet"
+    loading = gpus._open(path)
+    fcntl.flock(loading, fcntl.LOCK_SH)  # another job is loading
+    began = time.time()
+    with gpus.quiet([str(path)]):  # a second job loads at once beside it
+        assert time.time() - began < 1
+        probe = gpus._open(path)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no engine could start now
+        probe.close()
+    engine = _quiet_probe(path, "measure", 0.5)
+    time.sleep(1.5)  # the engine start waits, holding the turnstile
+    late = _quiet_probe(path, "load")
+    time.sleep(1.0)
+    released = time.time()
+    loading.close()
+    assert engine.wait(30) == 0 and late.wait(30) == 0
+    engine_in, late_in = (float(next(line for line in p.stdout if line.startswith("in ")).split()[1])
+                          for p in (engine, late))
+    assert released <= engine_in < late_in  # the engine first, the late loader after it ended
+    assert late_in - engine_in >= 0.45

@@ -76,6 +76,29 @@ def test_a_packed_job_asks_for_what_its_backend_measured_and_a_vllm_backend_for_
     assert fixed.memory_gb == 3.0  # the study's setting over the measurement
 
 
+def test_a_packed_job_compiles_with_its_own_cores_and_an_alone_job_with_the_machines(tmp_path, monkeypatch):
+    monkeypatch.setenv(gpus.DEVICES_ENV, "0")
+    monkeypatch.setenv(gpus.MEMORY_ENV, "10")
+    monkeypatch.setenv(gpus.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv(gpus.QUIET_ENV, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv(gpushare.COMPILE_THREADS_ENV, raising=False)
+    config = tiny_packed(memory_gb=3.0)
+    args = {"config": config, "gpu_sharing": config["gpu_sharing"], "backend": "hf", "run": "hf_4_seed3408",
+            "threads": 2}
+    monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
+    with gpushare.leased_for_job({**args, "alone": True}) as lease:
+        assert lease.need.whole and gpushare.COMPILE_THREADS_ENV not in os.environ
+    monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
+    with gpushare.leased_for_job(args) as lease:
+        assert not lease.need.whole and os.environ[gpushare.COMPILE_THREADS_ENV] == "2"
+    monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
+    monkeypatch.setenv(gpushare.COMPILE_THREADS_ENV, "8")  # the user's own
+    with gpushare.leased_for_job(args):
+        assert os.environ[gpushare.COMPILE_THREADS_ENV] == "8"
+
+
 def test_a_run_that_shared_its_gpu_is_measured_by_its_allocator_not_by_the_devices_figure():
     run = make_stats("hf", 4, peak=40.0)  # the device's figure: the neighbours' memory too
     for step in run["steps"]:

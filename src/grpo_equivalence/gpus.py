@@ -346,27 +346,45 @@ def acquire(count: int, need: Need = Need(), *, max_devices: int | None = None, 
 
 # A vLLM engine sizes its KV cache from the device's free memory before and after a profiling pass, assuming that
 # no other process changes its memory meanwhile (it stops with "Error in memory profiling" when one frees some,
-# and counts another's growth as its own). Jobs sharing a device therefore take its quiet lock (gpu-D.quiet)
-# while they start an engine, load a model, or end (QUIET_ENV names the files, for the vLLM backends).
+# and counts another's growth as its own). Jobs sharing a device therefore take its quiet lock (gpu-D.quiet):
+# exclusively while they start an engine (they measure), shared while they load a model or end (they change the
+# device's memory). Changes may overlap each other, never a measurement; an engine start that waits goes first
+# through the turnstile (gpu-D.turn), so that a stream of loading and ending jobs cannot keep it waiting for
+# ever. QUIET_ENV names the quiet files of this job's devices, for the vLLM backends.
 QUIET_ENV = "GRPO_EQUIVALENCE_GPU_QUIET"
 
 
+def _take_quiet(paths: list[str], measuring: bool) -> list:
+    turns = [_open(Path(p).with_suffix(".turn")) for p in paths]
+    try:
+        for turn in turns:
+            fcntl.flock(turn, fcntl.LOCK_EX)
+        handles = [_open(Path(p)) for p in paths]
+        for handle in handles:
+            fcntl.flock(handle, fcntl.LOCK_EX if measuring else fcntl.LOCK_SH)
+        return handles
+    finally:
+        for turn in turns:
+            turn.close()  # closing releases the turnstile
+
+
 @contextlib.contextmanager
-def quiet(paths: list[str] | None = None, log=print):
-    """Holds the quiet locks of this job's devices (QUIET_ENV) for the block; nothing where there are none."""
+def quiet(paths: list[str] | None = None, log=print, *, measuring: bool = False):
+    """Holds the quiet locks of this job's devices (QUIET_ENV) for the block, exclusively when `measuring` (a vLLM
+    engine's start), shared otherwise; nothing where there are none."""
     global _QUIET_DEPTH
     paths = sorted(paths if paths is not None else filter(None, os.environ.get(QUIET_ENV, "").split(os.pathsep)))
-    if _QUIET_DEPTH or _QUIET_AT_EXIT:  # held already by this process (a second flock of it would wait forever)
+    if _QUIET_DEPTH or _QUIET_AT_EXIT or not paths:  # held already by this process (a second flock would wait)
         yield
         return
-    handles = [_open(Path(p)) for p in paths]
     _QUIET_DEPTH += 1
+    handles = []
     try:
         began = time.monotonic()
-        for handle in handles:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        handles = _take_quiet(paths, measuring)
         if time.monotonic() - began >= 1:
-            log(f"waited {time.monotonic() - began:.0f} s for other jobs on the GPU to finish starting or ending")
+            log(f"waited {time.monotonic() - began:.0f} s for other jobs on the GPU to finish " +
+                ("loading or ending" if measuring else "starting a vLLM engine"))
         yield
     finally:
         _QUIET_DEPTH -= 1
@@ -378,15 +396,14 @@ _QUIET_DEPTH = 0
 
 
 def hold_quiet_until_exit() -> None:
-    """Takes the quiet locks for the rest of the process: its memory is freed when it exits, and the kernel
-    drops the locks once its files are closed (after the GPU's: they were opened first)."""
+    """Takes the quiet locks (shared) for the rest of the process: its memory is freed when it exits, and the
+    kernel drops the locks once its files are closed (after the GPU's: they were opened first)."""
     global _QUIET_AT_EXIT
     if _QUIET_AT_EXIT:
         return
     paths = sorted(filter(None, os.environ.get(QUIET_ENV, "").split(os.pathsep)))
-    _QUIET_AT_EXIT = [_open(Path(p)) for p in paths]
-    for handle in _QUIET_AT_EXIT:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    if paths:
+        _QUIET_AT_EXIT = _take_quiet(paths, measuring=False)
 
 
 _QUIET_AT_EXIT: list = []

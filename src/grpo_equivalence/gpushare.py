@@ -13,6 +13,7 @@ Nothing of another job reaches a run's numbers: each trains in its own process, 
 import contextlib
 import json
 import math
+import os
 from pathlib import Path
 
 from . import backends, faults, gpus, paths, stats
@@ -86,6 +87,16 @@ def need(config: dict, backend: str, *, run: str, alone: bool, folder: Path = ST
     return gpus.Need(whole=False, memory_gb=gb, memory_share=share, jobs_per_gpu=sharing["jobs_per_gpu"], run=run)
 
 
+# torch.compile's kernel compilation starts a pool of one worker per core of the machine in every process: a dozen
+# packed jobs compiling at once (Unsloth's first step) would each start one over the same cores. Beside other
+# jobs a job compiles with the cores Snakemake gave it (its threads); a user's own setting wins.
+COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
+def compile_with_own_cores(threads: int) -> None:
+    os.environ.setdefault(COMPILE_THREADS_ENV, str(max(1, int(threads))))
+
+
 @contextlib.contextmanager
 def leased_for_job(args: dict, log=print):
     """The GPU(s) of a train or rollout-check job (jobs.arguments: its config, backend and lease settings), held
@@ -95,6 +106,8 @@ def leased_for_job(args: dict, log=print):
     wanted = need(config, args["backend"], run=args.get("run", ""), alone=bool(args.get("alone")))
     try:
         with gpus.leased(config["gpus_per_train_job"], wanted, max_devices=args.get("max_gpus"), log=log) as lease:
+            if lease.source == "lease" and not lease.need.whole:
+                compile_with_own_cores(args.get("threads", 1))
             yield lease
             if lease.source == "lease":
                 gpus.hold_quiet_until_exit()

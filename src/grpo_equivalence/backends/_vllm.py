@@ -44,7 +44,7 @@ ATTEMPTS = 4
 
 def start_engines_quietly() -> None:
     """Every vLLM engine of this process starts holding its GPU's quiet lock (grpo_equivalence.gpus.quiet): the
-    engine sizes its KV cache from the device's free memory, which another job starting or ending would change."""
+    engine sizes its KV cache from the device's free memory, which another job loading or ending would change."""
     from vllm.entrypoints.llm import LLM
 
     from .. import gpus
@@ -54,7 +54,7 @@ def start_engines_quietly() -> None:
     original = LLM.__init__
 
     def init(self, *args, **kwargs):
-        with gpus.quiet():
+        with gpus.quiet(measuring=True):
             for attempt in range(1, ATTEMPTS + 1):
                 try:
                     return original(self, *args, **kwargs)
