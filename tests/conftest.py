@@ -35,31 +35,6 @@ def tiny_config(tiny_study) -> dict:
 
 
 @pytest.fixture(scope="session")
-def primed(tmp_path_factory, tiny_study):
-    """The tiny model, built and primed as the workflow does, and its data file."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from grpo_equivalence import prime, tiny
-
-    # As the prime job does (threads: 2): a 0.6M-parameter model on every core of a large machine spends its
-    # time synchronising threads, and priming that takes seconds here took minutes on a 32-core GPU host.
-    torch.set_num_threads(min(4, torch.get_num_threads()))
-    root = tmp_path_factory.mktemp("tiny")
-    t = tiny_study["tiny"]
-    tiny.save_model(root / "model", hidden_size=t["hidden_size"], num_layers=t["num_layers"], seed=t["seed"])
-    rows = tiny.problems(t["problems"], t["max_operand"], t["seed"])
-    tiny.save_problems(root / "train.jsonl", rows)
-    model = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(root / "model")
-    prime.prime(model, tokenizer, rows, system_prompt=tiny_study["system_prompt"], steps=t["prime_steps"],
-                batch_size=t["prime_batch_size"], learning_rate=t["prime_learning_rate"], seed=t["seed"], log=lambda s: None)
-    model.save_pretrained(root / "primed")
-    tokenizer.save_pretrained(root / "primed")
-    return {"model": str(root / "primed"), "dataset": {"path": "json", "data_files": str(root / "train.jsonl")}}
-
-
-@pytest.fixture(scope="session")
 def tiny_results(tmp_path_factory):
     """results/tiny of the tiny study (model, data and the primed model), built once by the workflow itself: a
     whole-workflow test that is about something else copies it in (tiny_into) instead of priming again. cp -a keeps
@@ -75,13 +50,31 @@ def tiny_results(tmp_path_factory):
     return workdir / "results" / "tiny"
 
 
-@pytest.fixture
-def tiny_into(tiny_results):
-    """tiny_into(workdir): the built tiny study's results/tiny in `workdir` (a study with tiny.yaml's tiny section)."""
+@pytest.fixture(scope="session")
+def primed(tiny_results, tmp_path_factory):
+    """The workflow's primed tiny model and its data file (a copy of tiny_results', for tests that train directly)."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("tiny")
+    shutil.copytree(tiny_results / "primed", root / "primed")
+    shutil.copy(tiny_results / "data" / "train.jsonl", root / "train.jsonl")
+    return {"model": str(root / "primed"), "dataset": {"path": "json", "data_files": str(root / "train.jsonl")}}
+
+
+def copy_tiny(tiny_results: Path, workdir: Path) -> None:
+    """The built tiny study's results/tiny in `workdir`, with Snakemake's records of them (a study with tiny.yaml's
+    tiny section): Snakemake there finds them up to date, as it would have built them, also in a fresh clone."""
     import subprocess
 
-    def copy(workdir):
-        (workdir / "results").mkdir(parents=True, exist_ok=True)
-        subprocess.run(["cp", "-a", str(tiny_results), str(workdir / "results" / "tiny")], check=True)
+    (workdir / "results").mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", str(tiny_results), str(workdir / "results" / "tiny")], check=True)
+    records = workdir / ".snakemake" / "metadata"
+    records.mkdir(parents=True, exist_ok=True)
+    for record in (tiny_results.parents[1] / ".snakemake" / "metadata").iterdir():
+        subprocess.run(["cp", "-a", str(record), str(records / record.name)], check=True)
 
-    return copy
+
+@pytest.fixture
+def tiny_into(tiny_results):
+    """tiny_into(workdir): copy_tiny into `workdir`."""
+    return lambda workdir: copy_tiny(tiny_results, workdir)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, copy_tiny
 from grpo_equivalence import rewards
 from grpo_equivalence.config import ConfigError, check
 from helpers import SMALL_ROLLOUT_CHECK
@@ -51,8 +51,7 @@ def install_plugin(site: Path) -> None:
 def user_folder(tmp_path_factory, tiny_results):
     """A user's project: a Snakefile that uses this workflow as a module, their study, reward file and package."""
     folder = tmp_path_factory.mktemp("user")
-    (folder / "results").mkdir()
-    subprocess.run(["cp", "-a", str(tiny_results), str(folder / "results" / "tiny")], check=True)  # primed once
+    copy_tiny(tiny_results, folder)  # primed once
     install_plugin(folder / "site")
     (folder / "my_rewards.py").write_text(REWARD_FILE)
     study = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, copy_tiny
 from grpo_equivalence import runcache, stats
 from helpers import SMALL_ROLLOUT_CHECK, make_stats
 
@@ -100,7 +100,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def interrupted(tmp_path_factory):
+def interrupted(tmp_path_factory, tiny_results):
     """SIGINT to Snakemake while train jobs run, without any HF_*_OFFLINE variable and with every network
     call logged; then the same command with --rerun-incomplete, as Snakemake advises."""
     workdir = tmp_path_factory.mktemp("interrupted")
@@ -110,6 +110,7 @@ def interrupted(tmp_path_factory):
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")])),
                NETWORK_AUDIT_LOG=str(workdir / "network.log"))
     study(workdir, steps=[4, 8], replicates={"reference": 1, "others": 1})
+    copy_tiny(tiny_results, workdir)
     proc = start(workdir, env)
     training = wait_until_training(workdir, proc)
     proc.send_signal(signal.SIGINT)

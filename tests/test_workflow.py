@@ -278,8 +278,9 @@ def test_backend_that_cannot_run_here_stops_the_workflow_before_any_job(tmp_path
     assert not (tmp_path / "results" / "logs").exists()  # no job started
 
 
-def test_backend_that_cannot_run_fails_its_job_before_loading_the_model(tmp_path):
+def test_backend_that_cannot_run_fails_its_job_before_loading_the_model(tmp_path, tiny_into):
     """On a cluster the planning machine does not check (--no-hooks stands in): the job itself stops."""
+    tiny_into(tmp_path)
     result = subprocess.run([*SNAKEMAKE, "results/stats/grpo_unsloth_fi_false_6.json", "--directory", str(tmp_path),
                              "--cores", "2", "--no-hooks", "--configfile", str(unrunnable_study(tmp_path))],
                             capture_output=True, text=True)
