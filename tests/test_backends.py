@@ -22,7 +22,7 @@ def spec(**options):
 
 
 def test_every_study_backend_is_registered_by_its_file():
-    assert backends.names() == ["cb_paged", "hf", "hf_static", "trl_vllm", "unsloth_fi_false", "vllm"]
+    assert backends.names() == ["cb_paged", "hf", "hf_static", "native", "trl_vllm", "unsloth_fi_false", "vllm"]
     for name in backends.names():
         assert backends.get(name).name == name
         assert backends.module_file(name).endswith(f"backends/{name}.py")

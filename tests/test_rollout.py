@@ -102,7 +102,7 @@ def checks(primed, tiny_study, tmp_path_factory):
     out = tmp_path_factory.mktemp("rollout")
     runs = {}
     for name, seed in [("hf", 11), ("hf", 12), *[(f"hf+{f}", 13 + i) for i, f in enumerate(
-            ("temperature_up", "no_min_p", "no_top_k"))]]:
+            ("temperature_up", "no_min_p", "no_top_k"))], ("native", 17), ("native+temperature_up", 18)]:
         runs[(name, seed)] = rollout.check(config, name, model_path=primed["model"], dataset=primed["dataset"],
                                            out=out / f"{name}_{seed}.json", seed=seed, log=lambda message: None)
     return runs
@@ -130,3 +130,14 @@ def test_two_seeds_sample_differently_from_the_same_weights_and_prompts(checks):
     assert [c["prompt"] for c in one["completions"]] == [c["prompt"] for c in two["completions"]]
     assert [c["score"] for c in one["completions"]] != [c["score"] for c in two["completions"]]
     assert (one["seed"], two["seed"]) == (11, 12)
+
+
+@pytest.mark.workflow
+def test_the_native_decoder_samples_as_hf_and_the_check_catches_it_running_hot(checks):
+    """The project's own decoder (backend native) against transformers' generate(), at the same weights."""
+    comparisons = [rollout_verdict.compare(checks[("hf", 11)], checks[(name, seed)], alpha=0.05, support_margin=0.001,
+                                           margin_sd=0.1) for name, seed in (("native", 17), ("native+temperature_up", 18))]
+    rollout_verdict.finalize(comparisons, 0.05)
+    native, hot = comparisons
+    assert native["verdict"] != verdict.DIVERGENT, native["tests"]
+    assert hot["verdict"] == verdict.DIVERGENT, hot["tests"]

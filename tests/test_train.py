@@ -6,19 +6,21 @@ from grpo_equivalence import backends, stats, train
 from grpo_equivalence.backends import Backend, BackendUnavailable
 from grpo_equivalence.rewards import REWARD_NAMES
 
+CPU_BACKENDS = ("hf", "cb_paged", "hf_static", "native")
+
 
 @pytest.fixture(scope="module")
 def runs(primed, tiny_study, tmp_path_factory):
     out = tmp_path_factory.mktemp("stats")
     results = {}
-    for backend in ("hf", "cb_paged", "hf_static"):
+    for backend in CPU_BACKENDS:
         path = out / f"grpo_{backend}_4.json"
         train.run(tiny_study, backend, 4, model_path=primed["model"], dataset=primed["dataset"], out=path, log=lambda s: None)
         results[backend] = stats.load(path)
     return results
 
 
-@pytest.mark.parametrize("backend", ["hf", "cb_paged", "hf_static"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_statistics_file_has_every_step_and_metric(runs, backend):
     run = runs[backend]
     assert run["backend"] == backend and run["max_steps"] == 4

@@ -1,0 +1,44 @@
+from dataclasses import dataclass
+
+from .base import Backend
+
+
+@dataclass(frozen=True)
+class Native(Backend):
+    """TRL + PEFT training, rolled out by the project's own PyTorch decoder (grpo_equivalence.decoder): the
+    policy's weights with the adapters merged into a copy, a static KV cache, transformers' sampling warpers; no
+    vLLM. TRL's transformers generation path is replaced, nothing else of the trainer."""
+
+    def prepare_trainer(self, trainer, spec) -> list[str]:
+        from .. import decoder
+
+        if getattr(trainer, "use_vllm", False) or getattr(trainer, "use_transformers_continuous_batching", False):
+            raise RuntimeError("backend 'native' replaces TRL's transformers generation; this study turns on vLLM or "
+                               "continuous batching in `grpo`: remove use_vllm / use_transformers_continuous_batching")
+        generation = getattr(trainer, "generation_config", None)
+        if generation is None or not hasattr(trainer, "eos_token_ids"):
+            raise RuntimeError("backend 'native' expects TRL's GRPOTrainer to hold generation_config and "
+                               "eos_token_ids; this TRL version has not: use trl 1.15 or 1.16")
+        decoder.check_sampling(generation)  # before the first step: an unsupported setting fails at once
+        model = trainer.model
+        native = decoder.Decoder(model)
+        pad_id = trainer.processing_class.pad_token_id if hasattr(trainer.processing_class, "pad_token_id") else \
+            trainer.processing_class.tokenizer.pad_token_id
+
+        def generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            import torch
+
+            if images is not None and any(image is not None for image in images):
+                raise RuntimeError("backend 'native' decodes text only; this study's prompts hold images")
+            with torch.no_grad():
+                completions = native.generate(prompt_ids, trainer.generation_config, trainer.eos_token_ids, pad_id)
+            return completions, None
+
+        trainer._generate_single_turn = generate_single_turn
+        return ["generation.native_decoder"]
+
+
+BACKEND = Native(
+    name="native",
+    summary="TRL + PEFT, rollout by the project's PyTorch decoder (merged adapters, static KV cache), no vLLM",
+)

@@ -1,0 +1,95 @@
+"""The project's own PyTorch decoder (grpo_equivalence.decoder, backend native) against transformers' generate():
+the same tokens where sampling leaves no choice (top_k 1), with prompts of different lengths and LoRA adapters
+that are not zero, for the tiny Qwen3 model and a Llama model built here; merged weights that follow the
+trainer's; and the refusals."""
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from grpo_equivalence import decoder
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def with_adapters(model):
+    peft = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, target_modules=TARGETS))
+    with torch.no_grad():
+        for name, parameter in peft.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    return peft
+
+
+def llama(tokenizer):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    return LlamaForCausalLM(config)
+
+
+def generate_both(model, tokenizer, prompts, **sampling):
+    settings = dict(max_new_tokens=24, do_sample=True, top_k=1, top_p=0.97, min_p=0.05,
+                    pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    generation = GenerationConfig(**{**settings, **sampling})
+    ours = decoder.Decoder(model).generate(prompts, generation, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = (ids != tokenizer.pad_token_id).long()
+    for row, prompt in zip(mask, prompts, strict=True):
+        row[width - len(prompt):] = 1
+    theirs = model.generate(input_ids=ids, attention_mask=mask, generation_config=generation)[:, width:].tolist()
+    eos = tokenizer.eos_token_id
+    return ours, [row[:row.index(eos) + 1] if eos in row else row for row in theirs]
+
+
+@pytest.fixture(scope="module")
+def tiny(primed):
+    tokenizer = AutoTokenizer.from_pretrained(primed["model"])
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                             tokenize=False) for q in ("What is 3+4?", "12+5", "What is 100 + 23 ?")]
+    return tokenizer, [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
+
+@pytest.mark.parametrize("architecture", ["qwen3", "llama"])
+def test_the_decoder_gives_generates_tokens_for_prompts_of_different_lengths(tiny, primed, architecture):
+    tokenizer, prompts = tiny
+    base = AutoModelForCausalLM.from_pretrained(primed["model"]) if architecture == "qwen3" else llama(tokenizer)
+    assert base.config.model_type == architecture and len({len(p) for p in prompts}) == 3
+    ours, theirs = generate_both(with_adapters(base), tokenizer, prompts)
+    assert ours == theirs
+    assert any(len(c) > 3 for c in ours)  # not only an immediate end
+
+
+def test_merged_weights_follow_the_trainers_and_leave_them_unchanged(tiny, primed):
+    tokenizer, prompts = tiny
+    model = with_adapters(AutoModelForCausalLM.from_pretrained(primed["model"]))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    native = decoder.Decoder(model)
+    assert native.refresh() and not native.refresh()  # merged once, then nothing changed
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name  # the merge is a copy
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.requires_grad).add_(0.1)  # an optimizer step, in place
+    assert native.refresh()
+    layer = model.get_base_model().model.layers[0].self_attn.q_proj
+    expected = layer.base_layer.weight + layer.get_delta_weight("default")
+    q_rows = layer.base_layer.weight.shape[0]
+    assert torch.allclose(native.layers[0].qkv[:q_rows], expected)
+
+
+def test_an_architecture_it_does_not_decode_is_refused_by_name():
+    from transformers import GPT2Config
+
+    with pytest.raises(decoder.UnsupportedModel, match="this model is 'gpt2'.*use backend 'hf'"):
+        decoder.check_architecture(GPT2Config())
+
+
+def test_a_sampling_setting_it_does_not_implement_is_refused_by_name():
+    with pytest.raises(ValueError, match="repetition_penalty=1.1.*use backend 'hf'"):
+        decoder.check_sampling(GenerationConfig(do_sample=True, repetition_penalty=1.1))
+    decoder.check_sampling(GenerationConfig(do_sample=True, temperature=0.9, top_k=5, top_p=0.97, min_p=0.05))
