@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -218,3 +219,51 @@ print(Path("out/report.md").read_text(), sorted(p.name for p in Path("out").iter
     (line,) = result.stderr.strip().splitlines()
     assert "out/report.md could not be written (No space left on device); the file there is unchanged" in line
     assert result.stdout.strip() == "# the report of yesterday ['report.md']"  # whole, and no .partial beside it
+
+
+GATE_PROBE = """
+import sys, time
+from grpo_equivalence import runcache
+gate = runcache.FirstCompile(sys.argv[1])
+gate.enter()
+print(f"in {time.time()} {gate._held is not None}", flush=True)
+time.sleep(float(sys.argv[2]))
+if sys.argv[3] == "done":
+    gate.done()
+"""
+
+
+def _gate(folder, hold_s, end):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", GATE_PROBE, str(folder), str(hold_s), end], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(runcache.__file__).parents[1])})
+
+
+def _entered(proc) -> tuple[float, bool]:
+    assert proc.wait(30) == 0
+    line = next(line for line in proc.stdout if line.startswith("in "))
+    return float(line.split()[1]), line.split()[2] == "True"
+
+
+def test_the_first_run_of_a_compile_cache_compiles_before_the_others_train(tmp_path):
+    import time
+
+    first = _gate(tmp_path, 1.5, "done")
+    time.sleep(0.7)
+    second = _gate(tmp_path, 0, "done")  # waits for the first's first step, then finds the kernels warm
+    first_in, first_holds = _entered(first)
+    second_in, second_holds = _entered(second)
+    assert first_holds and not second_holds and second_in - first_in >= 1.4
+    assert (tmp_path / runcache.WARM).exists()
+    began = time.time()
+    assert not _entered(_gate(tmp_path, 0, "done"))[1] and time.time() - began < 10  # warm: no gate at all
+
+
+def test_a_first_run_that_died_before_its_first_step_hands_the_compilation_on(tmp_path):
+    _entered(_gate(tmp_path, 0, "died"))
+    assert not (tmp_path / runcache.WARM).exists()
+    assert _entered(_gate(tmp_path, 0, "done"))[1]  # the next run compiles
+    assert (tmp_path / runcache.WARM).exists()

@@ -72,6 +72,15 @@ def test_alternate_recorder_does_the_full_work_on_odd_steps_only(primed, tiny_st
     assert all(s["wall_s"] > 0 and s["profile"]["GRPOTrainer.transformers.generate"] > 0 for s in steps)
 
 
+def test_a_run_with_a_compile_cache_marks_it_warm_after_its_first_step(primed, tiny_study, tmp_path):
+    from grpo_equivalence import runcache
+
+    (tmp_path / "compile").mkdir()
+    train.run(tiny_study, "hf", 2, model_path=primed["model"], dataset=primed["dataset"], out=tmp_path / "s.json",
+              compile_cache=tmp_path / "compile", log=lambda s: None)
+    assert (tmp_path / "compile" / runcache.WARM).exists()
+
+
 def test_timestamps_recorder_records_step_times_only(primed, tiny_study, tmp_path):
     """The recorder's own cost is measured against this one (benchmarks/callback_overhead.py)."""
     config = {**tiny_study, "recorder": "timestamps"}

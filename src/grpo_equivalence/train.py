@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import backends, environment, faults, gpus, memory, rewards, stats
+from . import backends, environment, faults, gpus, memory, rewards, runcache, stats
 from .answer_format import CHAT_TEMPLATE
 from .data import load_problems
 from .runwarnings import WarningLog
@@ -192,8 +192,11 @@ def progress(total: int, label: str, log=print):
 
 
 def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
-        gpu_lease=None, study: str = "study", adapter: Path | None = None, log=print, write=stats.write) -> dict:
+        gpu_lease=None, study: str = "study", adapter: Path | None = None, compile_cache: Path | None = None,
+        log=print, write=stats.write) -> dict:
     """Trains and writes `out` (with `write`: the train job's also keeps the run where `out` cannot be written).
+    `compile_cache`: the study's shared compile-cache folder of this run's settings (runcache.use_compile_caches),
+    whose first run compiles before the others train (runcache.FirstCompile).
     `model_path`/`dataset` are the config's, resolved (tiny study: built files). `gpu_lease`: the lease's record,
     or a function that gives it once training is over (which runs shared the GPU meanwhile)."""
     import torch
@@ -206,10 +209,12 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None,
                                    mode=recorder_mode)
     label = f"[{backend_name} x {max_steps}]"
+    gate = runcache.FirstCompile(compile_cache)
     with session(config, backend_name, max_steps, model_path=model_path, dataset=dataset,
-                 callbacks=[recorder, progress(max_steps, label, log)],
+                 callbacks=[recorder, progress(max_steps, label, log), gate.callback()],
                  tracking=tracked(config, backend_name, max_steps, study), log=log) as built:
         trainer = built.trainer
+        gate.enter(log)  # start-up, not training: a packed run waits here for the first to compile
         startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
         log(f"[{backend_name} x {max_steps}] training")
         started_at = time.time()

@@ -21,11 +21,11 @@ elif not cache.restore_allowed:
 a["config"].update(a.get("resolved", {}))  # the reward files and chat template where this job finds them
 if runcache.restore(cache, out) is None:
     train.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
-    runcache.use_compile_caches(a)
+    compile_cache = runcache.use_compile_caches(a)
     with gpushare.leased_for_job(a) as lease:
         import torch
 
         torch.set_num_threads(a["threads"])
         train.run(a["config"], a["backend"], a["steps"], model_path=a["model_path"], dataset=a["dataset"], out=out,
                   gpu_lease=lease.record, study=a.get("study", "study"), adapter=a.get("adapter"),
-                  write=lambda path, result: runcache.keep(cache, result, path))
+                  compile_cache=compile_cache, write=lambda path, result: runcache.keep(cache, result, path))
