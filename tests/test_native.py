@@ -92,4 +92,5 @@ def test_an_architecture_it_does_not_decode_is_refused_by_name():
 def test_a_sampling_setting_it_does_not_implement_is_refused_by_name():
     with pytest.raises(ValueError, match="repetition_penalty=1.1.*use backend 'hf'"):
         decoder.check_sampling(GenerationConfig(do_sample=True, repetition_penalty=1.1))
-    decoder.check_sampling(GenerationConfig(do_sample=True, temperature=0.9, top_k=5, top_p=0.97, min_p=0.05))
+    decoder.check_sampling(GenerationConfig(do_sample=True, temperature=0.9, top_k=5, top_p=0.97, min_p=0.05,
+                                            max_new_tokens=24))

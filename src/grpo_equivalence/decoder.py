@@ -39,8 +39,10 @@ def check_architecture(config) -> None:
 
 
 def check_sampling(generation) -> None:
-    problems = [f"{key}={getattr(generation, key)!r}" for key, off in UNSUPPORTED.items()
-                if getattr(generation, key, off) not in (off, None) and getattr(generation, key, off) != off]
+    problems = [f"{key}={value!r}" for key, off in UNSUPPORTED.items()
+                if (value := getattr(generation, key, off)) is not None and value != off]
+    if getattr(generation, "max_new_tokens", None) is None:
+        problems.append("no max_new_tokens")
     if not getattr(generation, "do_sample", True):
         problems.append("do_sample=False")
     if problems:

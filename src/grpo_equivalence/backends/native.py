@@ -22,8 +22,8 @@ class Native(Backend):
         decoder.check_sampling(generation)  # before the first step: an unsupported setting fails at once
         model = trainer.model
         native = decoder.Decoder(model)
-        pad_id = trainer.processing_class.pad_token_id if hasattr(trainer.processing_class, "pad_token_id") else \
-            trainer.processing_class.tokenizer.pad_token_id
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor holds one
+        pad_id = tokenizer.pad_token_id
 
         def generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
             import torch
