@@ -39,9 +39,7 @@ def generate_both(model, tokenizer, prompts, **sampling):
     ours = decoder.Decoder(model).generate(prompts, generation, [tokenizer.eos_token_id], tokenizer.pad_token_id)
     width = max(map(len, prompts))
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
-    mask = (ids != tokenizer.pad_token_id).long()
-    for row, prompt in zip(mask, prompts, strict=True):
-        row[width - len(prompt):] = 1
+    mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
     theirs = model.generate(input_ids=ids, attention_mask=mask, generation_config=generation)[:, width:].tolist()
     eos = tokenizer.eos_token_id
     return ours, [row[:row.index(eos) + 1] if eos in row else row for row in theirs]
@@ -56,7 +54,7 @@ def tiny(primed):
 
 
 @pytest.mark.parametrize("architecture", ["qwen3", "llama"])
-def test_the_decoder_gives_generates_tokens_for_prompts_of_different_lengths(tiny, primed, architecture):
+def test_the_decoder_gives_the_tokens_of_generate_for_prompts_of_different_lengths(tiny, primed, architecture):
     tokenizer, prompts = tiny
     base = AutoModelForCausalLM.from_pretrained(primed["model"]) if architecture == "qwen3" else llama(tokenizer)
     assert base.config.model_type == architecture and len({len(p) for p in prompts}) == 3

@@ -53,18 +53,14 @@ def check_sampling(generation) -> None:
 def _weight(module):
     """A linear layer's weight with its active, unmerged LoRA adapters added (a new tensor; PEFT's own delta)."""
     base = getattr(module, "base_layer", None)
-    if base is None or not hasattr(module, "get_delta_weight"):
-        return module.weight.detach(), getattr(module, "bias", None)
-    weight = base.weight.detach()
-    if not getattr(module, "merged", False) and not getattr(module, "disable_adapters", False):
+    lora = base is not None and hasattr(module, "get_delta_weight")
+    layer = base if lora else module
+    weight, bias = layer.weight.detach(), getattr(layer, "bias", None)
+    if lora and not getattr(module, "merged", False) and not getattr(module, "disable_adapters", False):
         for adapter in module.active_adapters:
             if adapter in module.lora_A:
                 weight = weight + module.get_delta_weight(adapter).detach().to(weight.dtype)
-    return weight, getattr(base, "bias", None)
-
-
-def _bias(bias):
-    return None if bias is None else bias.detach()
+    return weight, None if bias is None else bias.detach()
 
 
 @dataclass
@@ -88,9 +84,8 @@ class Decoder:
         import torch
 
         self.lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self.config = self.lm.config
-        check_architecture(self.config)
-        c = self.config
+        c = self.lm.config
+        check_architecture(c)
         self.heads, self.kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.eps = c.rms_norm_eps
@@ -118,10 +113,10 @@ class Decoder:
                 (q, qb), (k, kb), (v, vb) = _weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj)
                 o, ob = _weight(attn.o_proj)
                 (g, _), (u, _), (d, _) = _weight(mlp.gate_proj), _weight(mlp.up_proj), _weight(mlp.down_proj)
-                biases = [_bias(b) for b in (qb, kb, vb)]
+                biases = (qb, kb, vb)
                 self.layers.append(Layer(
                     qkv=torch.cat([q, k, v]), qkv_bias=torch.cat(biases) if all(b is not None for b in biases) else None,
-                    o=o, o_bias=_bias(ob), gate_up=torch.cat([g, u]), down=d,
+                    o=o, o_bias=ob, gate_up=torch.cat([g, u]), down=d,
                     input_norm=block.input_layernorm.weight.detach(), post_norm=block.post_attention_layernorm.weight.detach(),
                     q_norm=attn.q_norm.weight.detach() if hasattr(attn, "q_norm") else None,
                     k_norm=attn.k_norm.weight.detach() if hasattr(attn, "k_norm") else None))

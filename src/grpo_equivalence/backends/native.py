@@ -20,8 +20,7 @@ class Native(Backend):
             raise RuntimeError("backend 'native' expects TRL's GRPOTrainer to hold generation_config and "
                                "eos_token_ids; this TRL version has not: use trl 1.15 or 1.16")
         decoder.check_sampling(generation)  # before the first step: an unsupported setting fails at once
-        model = trainer.model
-        native = decoder.Decoder(model)
+        native = decoder.Decoder(trainer.model)
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor holds one
         pad_id = tokenizer.pad_token_id
 
