@@ -169,6 +169,83 @@ def test_a_vllm_engine_start_that_saw_a_neighbour_free_memory_is_tried_again(mon
     assert len(attempts) == 2
 
 
+def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_its_plan_beside_others(monkeypatch,
+                                                                                                   tmp_path):
+    """The first engine of a compile-cache folder profiles holding the quiet lock exclusively and records vLLM's
+    startup plan; later ones apply the plan whatever the free memory (the lease holds their share) and hold the
+    lock shared; one that expected a plan and found none that applies starts again exclusively. Stand-ins for
+    vLLM's LLM, its worker's plan hook and its plan module, each doing what vLLM 0.26 does at those points (vLLM
+    is not installed here)."""
+    import fcntl
+    import json
+
+    from grpo_equivalence import gpus
+    from grpo_equivalence.backends import _vllm
+
+    cache = tmp_path / "vllm"
+    quiet = tmp_path / "gpu-0.quiet"
+    quiet.touch()
+    seen = []
+    fingerprint = ["settings-a"]
+
+    def lock_mode():
+        with open(quiet) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return "shared"
+            except BlockingIOError:
+                return "exclusive"
+
+    def plan_path(name):
+        return cache / "startup_plan" / f"startup_plan_{name}.json"
+
+    def applicable(plan, free):  # vLLM's gate: no less free memory than when the plan was recorded
+        return plan["kv_cache_memory_bytes"] if free >= plan["free_memory_baseline"] else None
+
+    def maybe_apply(worker):
+        path = plan_path(fingerprint[0])
+        if path.exists():
+            kv = startup_plan._applicable_kv_cache_memory_bytes(json.loads(path.read_text()), worker.free)
+            if kv is not None:
+                worker.cache_config.kv_cache_memory_bytes = kv
+
+    startup_plan = types.SimpleNamespace(compute_plan_fingerprint=lambda *a: fingerprint[0],
+                                         _applicable_kv_cache_memory_bytes=applicable,
+                                         maybe_apply_startup_plan=maybe_apply)
+    gpu_worker = types.SimpleNamespace(maybe_apply_startup_plan=maybe_apply)
+
+    class LLM:
+        def __init__(self, free=100):
+            worker = types.SimpleNamespace(free=free, cache_config=types.SimpleNamespace(kv_cache_memory_bytes=None))
+            gpu_worker.maybe_apply_startup_plan(worker)  # vLLM's determine_available_memory, before profiling
+            profiled = worker.cache_config.kv_cache_memory_bytes is None
+            seen.append((lock_mode(), profiled))
+            if profiled:
+                plan_path(fingerprint[0]).parent.mkdir(parents=True, exist_ok=True)
+                plan_path(fingerprint[0]).write_text(json.dumps({"kv_cache_memory_bytes": 7,
+                                                                 "free_memory_baseline": free}))
+
+    for name, module in {"vllm": types.ModuleType("vllm"), "vllm.entrypoints": types.ModuleType("vllm.entrypoints"),
+                         "vllm.entrypoints.llm": types.SimpleNamespace(LLM=LLM),
+                         "vllm.envs": types.SimpleNamespace(VLLM_CACHE_ROOT=str(cache)),
+                         "vllm.v1": types.ModuleType("vllm.v1"),
+                         "vllm.v1.worker": types.SimpleNamespace(gpu_worker=gpu_worker, startup_plan=startup_plan),
+                         "vllm.v1.worker.gpu_worker": gpu_worker, "vllm.v1.worker.startup_plan": startup_plan}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(sys.modules["vllm"].__dict__, "envs", sys.modules["vllm.envs"])
+    monkeypatch.setattr(_vllm.time, "sleep", lambda s: None)
+    monkeypatch.setenv(gpus.QUIET_ENV, str(quiet))
+    _vllm.start_engines_quietly()
+    LLM(free=100)  # the first: profiles, alone
+    LLM(free=40)  # less free memory than the plan's baseline, which vLLM's own gate would refuse: applies it
+    fingerprint[0] = "settings-b"  # a plan is there, but for other settings: found out, started again alone
+    LLM(free=100)
+    assert seen == [("exclusive", True), ("shared", False), ("exclusive", True)]
+    monkeypatch.delenv(gpus.QUIET_ENV)  # no lease: vLLM's gate as it is
+    assert startup_plan._applicable_kv_cache_memory_bytes({"kv_cache_memory_bytes": 7, "free_memory_baseline": 100},
+                                                          40) is None
+
+
 def test_trl_vllm_loads_with_transformers_and_peft(monkeypatch):
     """TRL's vLLM backend loads the model as the hf backend does; TRL applies the same LoRA."""
     import transformers

@@ -373,12 +373,14 @@ def quiet(paths: list[str] | None = None, log=print, *, measuring: bool = False)
     """Holds the quiet locks of this job's devices (QUIET_ENV) for the block, exclusively when `measuring` (a vLLM
     engine's start), shared otherwise; nothing where there are none."""
     global _QUIET_DEPTH
-    paths = sorted(paths if paths is not None else filter(None, os.environ.get(QUIET_ENV, "").split(os.pathsep)))
+    global _QUIET_MODE
+    paths = sorted(paths if paths is not None else quiet_paths())
     if _QUIET_DEPTH or _QUIET_AT_EXIT or not paths:  # held already by this process (a second flock would wait)
         yield
         return
     _QUIET_DEPTH += 1
     handles = []
+    _QUIET_MODE = "exclusive" if measuring else "shared"
     try:
         began = time.monotonic()
         handles = _take_quiet(paths, measuring)
@@ -388,11 +390,23 @@ def quiet(paths: list[str] | None = None, log=print, *, measuring: bool = False)
         yield
     finally:
         _QUIET_DEPTH -= 1
+        _QUIET_MODE = None
         for handle in handles:
             handle.close()
 
 
 _QUIET_DEPTH = 0
+_QUIET_MODE = None
+
+
+def quiet_paths() -> list[str]:
+    """The quiet files of this job's leased devices (none outside a lease)."""
+    return list(filter(None, os.environ.get(QUIET_ENV, "").split(os.pathsep)))
+
+
+def quiet_held() -> str | None:
+    """How this process holds its devices' quiet locks now: "exclusive", "shared" (until it exits counts), or None."""
+    return "shared" if _QUIET_AT_EXIT else _QUIET_MODE
 
 
 def hold_quiet_until_exit() -> None:
@@ -401,7 +415,7 @@ def hold_quiet_until_exit() -> None:
     global _QUIET_AT_EXIT
     if _QUIET_AT_EXIT:
         return
-    paths = sorted(filter(None, os.environ.get(QUIET_ENV, "").split(os.pathsep)))
+    paths = sorted(quiet_paths())
     if paths:
         _QUIET_AT_EXIT = _take_quiet(paths, measuring=False)
 

@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 OPTIONS = {"gpu_memory_utilization": "fraction of the GPU's memory vLLM reserves up front for weights and KV cache"}
 
@@ -24,6 +25,7 @@ def prepare_process() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("VLLM_ENABLE_STARTUP_PLAN", "1")  # start_engines_quietly: later engines skip profiling
     if "MASTER_PORT" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(free_port())
@@ -40,11 +42,41 @@ def free_port() -> int:
 # vLLM's own message when free memory rose while it profiled (another job freed memory on the shared GPU)
 PROFILING_RACE = "Error in memory profiling"
 ATTEMPTS = 4
+# Said by an engine start that expected its settings' startup plan and found none that applies: it would profile
+# beside jobs that change the device's memory, so it starts again holding the quiet lock exclusively
+NO_PLAN = "no startup plan applies to this engine"
+
+
+def _startup_plans():
+    """vLLM's startup-plan module and its worker module (vLLM >= 0.26), or None where this vLLM has none."""
+    try:
+        from vllm.v1.worker import gpu_worker, startup_plan
+    except ImportError:
+        return None
+    needed = ("compute_plan_fingerprint", "_applicable_kv_cache_memory_bytes", "maybe_apply_startup_plan")
+    if not all(hasattr(startup_plan, name) for name in needed) or not hasattr(gpu_worker, "maybe_apply_startup_plan"):
+        return None
+    return startup_plan, gpu_worker
+
+
+def _plan_recorded() -> bool:
+    """Whether an engine of this compile-cache folder (VLLM_CACHE_ROOT: keyed by code and settings) recorded its
+    startup plan."""
+    import vllm.envs as envs
+
+    return any((Path(envs.VLLM_CACHE_ROOT) / "startup_plan").glob("startup_plan_*.json"))
 
 
 def start_engines_quietly() -> None:
     """Every vLLM engine of this process starts holding its GPU's quiet lock (grpo_equivalence.gpus.quiet): the
-    engine sizes its KV cache from the device's free memory, which another job loading or ending would change."""
+    engine sizes its KV cache from the device's free memory, which another job loading or ending would change.
+
+    Only an engine that measures needs the lock exclusively. The first engine of a study's settings profiles, and
+    vLLM's startup plan (VLLM_ENABLE_STARTUP_PLAN) records the KV-cache size it arrived at beside the compile
+    cache; every later engine of those settings applies it and skips the profiling, so it only allocates, as a
+    model load does, and takes the lock shared. On a shared GPU the plan applies whatever the device's free
+    memory is now: vLLM's own gate (no less free memory than when the plan was recorded) assumes a device with
+    no neighbours, and the lease already holds this job's share (vLLM checks at start that its share is free)."""
     from vllm.entrypoints.llm import LLM
 
     from .. import gpus
@@ -52,18 +84,46 @@ def start_engines_quietly() -> None:
     if getattr(LLM.__init__, "starts_quietly", False):
         return
     original = LLM.__init__
+    plans = []
 
     def init(self, *args, **kwargs):
-        with gpus.quiet(measuring=True):
-            for attempt in range(1, ATTEMPTS + 1):
+        if not plans:  # vLLM's worker modules are imported by now (the engine imports them anyway)
+            plans.append(_startup_plans())
+            if plans[0] is not None:
+                _follow_plans(*plans[0])
+        measuring = plans[0] is None or not _plan_recorded()
+        for attempt in range(1, ATTEMPTS + 1):
+            with gpus.quiet(measuring=measuring):
                 try:
                     return original(self, *args, **kwargs)
                 except (AssertionError, RuntimeError) as error:  # a neighbour freed memory while vLLM measured it
-                    if PROFILING_RACE not in str(error) or attempt == ATTEMPTS:
+                    if not (PROFILING_RACE in str(error) or NO_PLAN in str(error)) or attempt == ATTEMPTS:
                         raise
-                    print(f"vLLM's memory profiling saw another job free GPU memory (attempt {attempt} of {ATTEMPTS}); "
-                          f"starting the engine again", flush=True)
-                    time.sleep(2.0 * attempt)
+                    print(f"vLLM's engine start must measure the GPU's memory ({str(error).splitlines()[0][:120]}; "
+                          f"attempt {attempt} of {ATTEMPTS}); starting it again alone", flush=True)
+            measuring = True
+            time.sleep(2.0 * attempt)
 
     init.starts_quietly = True
     LLM.__init__ = init
+
+
+def _follow_plans(startup_plan, gpu_worker) -> None:
+    from .. import gpus
+
+    recorded_gate = startup_plan._applicable_kv_cache_memory_bytes
+    apply = gpu_worker.maybe_apply_startup_plan
+
+    def applicable(plan, current_free_memory):
+        if not gpus.quiet_paths():  # no lease beside it: vLLM's own gate
+            return recorded_gate(plan, current_free_memory)
+        kv_bytes = plan.get("kv_cache_memory_bytes")
+        return kv_bytes if isinstance(kv_bytes, int) and kv_bytes > 0 else None
+
+    def apply_or_stop(worker):
+        apply(worker)
+        if worker.cache_config.kv_cache_memory_bytes is None and gpus.quiet_held() == "shared":
+            raise RuntimeError(f"{NO_PLAN} (settings other than the recorded plan's)")
+
+    startup_plan._applicable_kv_cache_memory_bytes = applicable
+    gpu_worker.maybe_apply_startup_plan = apply_or_stop
