@@ -54,7 +54,7 @@ train.run(a["config"], a["backend"], a["steps"], model_path=a["model"], dataset=
 """
 
 
-@pytest.mark.parametrize("backend", ["hf", "cb_paged", "unsloth_fi_false", "vllm", "trl_vllm"])
+@pytest.mark.parametrize("backend", ["hf", "cb_paged", "unsloth_fi_false", "vllm", "trl_vllm", "native"])
 def test_backend_trains_on_cuda_with_kl_and_clipped_grad_norm(primed_bf16, tiny_study, tmp_path, backend):
     config = copy.deepcopy(tiny_study)
     config.update(gpus_per_train_job=1, dtype="bfloat16")
@@ -79,3 +79,33 @@ def test_backend_trains_on_cuda_with_kl_and_clipped_grad_norm(primed_bf16, tiny_
         # The engine's reservation is in use before step 1
         assert trainer["vllm_gpu_memory_utilization"] == 0.25
         assert run["startup_memory"]["device_used_gb"] >= 0.2 * run["environment"]["gpu_memory_gb"]
+
+
+def test_the_native_decoders_cuda_graphs_sample_the_eager_steps_tokens(primed):
+    """The decode step compiled and replayed as CUDA graphs gives the eager step's tokens where sampling leaves no
+    choice (top_k 1, float32), over two rollouts with an optimizer step between them (the graphs read the merged
+    weights copied into place), for prompts of different lengths padded to the graph's bucket."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from grpo_equivalence import decoder
+
+    tokenizer = AutoTokenizer.from_pretrained(primed["model"])
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(primed["model"]).cuda(),
+                           LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+    prompts = [tokenizer(q, add_special_tokens=False)["input_ids"] for q in ("What is 3+4?", "12+5", "1+1+1+1+1+1")]
+    generation = GenerationConfig(max_new_tokens=40, do_sample=True, top_k=1, pad_token_id=tokenizer.pad_token_id)
+    eos, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
+    graphs, eager = decoder.Decoder(model), decoder.Decoder(model, compiled=False)
+    assert graphs.graphs and not eager.graphs
+    for _ in range(2):
+        assert graphs.generate(prompts, generation, eos, pad) == eager.generate(prompts, generation, eos, pad)
+        with torch.no_grad():
+            for parameter in (p for p in model.parameters() if p.requires_grad):
+                parameter.add_(0.02)
+    assert len(graphs._states) == 1 and next(iter(graphs._states.values())).graph is not None

@@ -1,7 +1,7 @@
 """The project's own PyTorch decoder (grpo_equivalence.decoder, backend native) against transformers' generate():
 the same tokens where sampling leaves no choice (top_k 1), with prompts of different lengths and LoRA adapters
 that are not zero, for the tiny Qwen3 model and a Llama model built here; merged weights that follow the
-trainer's; and the refusals."""
+trainer's; the sampler's distribution and draws; the compiled decode step; and the refusals."""
 
 import pytest
 import torch
@@ -92,3 +92,52 @@ def test_a_sampling_setting_it_does_not_implement_is_refused_by_name():
         decoder.check_sampling(GenerationConfig(do_sample=True, repetition_penalty=1.1))
     decoder.check_sampling(GenerationConfig(do_sample=True, temperature=0.9, top_k=5, top_p=0.97, min_p=0.05,
                                             max_new_tokens=24))
+
+
+def test_the_sampler_gives_the_warpers_distribution_over_the_whole_vocabulary():
+    """Drawing among the top_k + TIES largest logits is the distribution transformers' warpers give over all of
+    them, ties with the k-th logit included (bfloat16 logits tie often)."""
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    generation = GenerationConfig(do_sample=True, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, max_new_tokens=4)
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(1)) * 3
+    logits[0, :8] = logits[0].max() + 1  # eight tokens tie above all others, past top_k
+    logits[1, 10:14] = logits[1].topk(5).values[-1]  # ties with the fifth largest
+    sampler = decoder.Sampler(generation)
+    probs, ids = sampler.distribution(logits)
+    ours = torch.zeros_like(logits).scatter_(1, ids, probs)
+    theirs = torch.softmax(LogitsProcessorList(decoder._warpers(generation))(None, logits.clone()), dim=-1)
+    assert torch.allclose(ours, theirs, atol=1e-6)
+    assert (theirs[0] > 0).sum() == 8 and (theirs[1] > 0).sum() >= 1
+
+
+def test_exponential_races_draw_from_the_distribution():
+    sampler = decoder.Sampler(GenerationConfig(do_sample=True, top_k=0, max_new_tokens=4))
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    logits = torch.log(probs).expand(20000, 4).clone()
+    draws = sampler(logits, torch.Generator().manual_seed(0))
+    counts = torch.bincount(draws, minlength=4) / len(draws)
+    assert torch.allclose(counts, probs, atol=0.015) and counts[3] == 0
+
+
+def test_the_compiled_decode_step_gives_the_eager_tokens_and_follows_an_optimizer_step(tiny, primed):
+    """The decode step compiled (torch.compile, here for the CPU: CUDA graphs are the GPU's) samples what the
+    eager one does, and a merge after the first rollout lands in the tensors the step already holds."""
+    tokenizer, prompts = tiny
+    model = with_adapters(AutoModelForCausalLM.from_pretrained(primed["model"]))
+    generation = GenerationConfig(max_new_tokens=16, do_sample=True, top_k=1, pad_token_id=tokenizer.pad_token_id,
+                                  eos_token_id=tokenizer.eos_token_id)
+    eos, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
+    eager, compiled = decoder.Decoder(model, compiled=False), decoder.Decoder(model, compiled=True)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    assert compiled.generate(prompts, generation, eos, pad) == eager.generate(prompts, generation, eos, pad)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # each half once, whatever the layer
+    held = compiled.layers[0].qkv
+    with torch.no_grad():
+        for parameter in (p for p in model.parameters() if p.requires_grad):
+            parameter.add_(0.05)
+    after = compiled.generate(prompts, generation, eos, pad)
+    assert compiled.layers[0].qkv is held and not torch.equal(held, eager.layers[0].qkv)  # copied in place
+    assert after == eager.generate(prompts, generation, eos, pad)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # new weights, same compiled halves

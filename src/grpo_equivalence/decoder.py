@@ -7,9 +7,17 @@ Prompts are left-padded as TRL pads them and get per-sequence positions as trans
 them; the KV cache is static, sized to prompt + completion. Sampling is transformers' own warpers, in
 generate()'s order, on float32 logits, so the distribution is the one the study's settings define: the rollout
 check judges it against `hf`.
+
+On a GPU the decode step is compiled and replayed as a CUDA graph, one per batch size and cache length (prompts
+are padded to a multiple of PROMPT_BUCKET so that the lengths repeat): the projections and norms of a layer are
+one compiled function, shared by every layer; the cache writes, the attention mask and the sampling run between
+them as plain kernels, and the graph holds them all, so a step costs no Python. On the CPU every step is eager.
+Sampling draws among the top_k + TIES largest logits (the tokens top_k keeps, and ties with the k-th) with
+transformers' own warpers, which is the distribution of the warpers over the whole vocabulary; without top_k it
+uses the whole vocabulary.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 ARCHITECTURES = ("qwen3", "llama")
 # Settings of a GenerationConfig that change sampling in ways this decoder does not implement, with the value
@@ -17,6 +25,12 @@ ARCHITECTURES = ("qwen3", "llama")
 UNSUPPORTED = {"repetition_penalty": 1.0, "top_h": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
                "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None,
                "begin_suppress_tokens": None, "min_new_tokens": None, "num_beams": 1, "encoder_repetition_penalty": 1.0}
+
+
+PROMPT_BUCKET = 64  # prompts are left-padded to a multiple of this where decode steps are graphs
+TIES = 16  # logits beyond top_k drawn among, so that ties with the k-th are kept as transformers keeps them
+GRAPHS = 4  # decode graphs (with their KV caches) kept at once; a fifth shape drops the oldest
+CHECK_EVERY = 16  # decode steps between two looks at whether every sequence has ended (a look waits for the GPU)
 
 
 class UnsupportedModel(ValueError):
@@ -78,9 +92,10 @@ class Layer:
 
 
 class Decoder:
-    """The merged weights of a causal LM, and a prefill and a decode step over a static KV cache."""
+    """The merged weights of a causal LM, and a prefill and a decode step over a static KV cache. `compiled`: the
+    decode step compiled and replayed as CUDA graphs (None: on a GPU)."""
 
-    def __init__(self, model):
+    def __init__(self, model, compiled: bool | None = None):
         import torch
 
         self.lm = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -91,13 +106,20 @@ class Decoder:
         self.eps = c.rms_norm_eps
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self._version = None
+        self.layers = None
         self.torch = torch
+        device = next(model.parameters()).device
+        self.compiled = device.type == "cuda" if compiled is None else compiled
+        self.graphs = device.type == "cuda" and self.compiled
+        self._states: dict = {}  # (batch, cache length) -> _State, oldest first
+        self._project = self._attend = None
 
     def version(self) -> tuple:
         return tuple(p._version for p in self.trainable) + tuple(p.data_ptr() for p in self.trainable)
 
     def refresh(self) -> bool:
-        """Merges the weights again when a trainable one changed since the last merge; whether it did."""
+        """Merges the weights again when a trainable one changed since the last merge; whether it did. A new merge
+        is copied into the tensors of the first one, whose addresses the decode graphs hold."""
         version = self.version()
         if version == self._version:
             return False
@@ -106,29 +128,33 @@ class Decoder:
             inner = self.lm.model
             self.embed = inner.embed_tokens.weight.detach()
             self.norm = inner.norm.weight.detach()
-            self.lm_head, self.lm_head_bias = _weight(self.lm.lm_head)
-            self.layers = []
+            head = _weight(self.lm.lm_head)
+            layers = []
             for block in inner.layers:
                 attn, mlp = block.self_attn, block.mlp
                 (q, qb), (k, kb), (v, vb) = _weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj)
                 o, ob = _weight(attn.o_proj)
                 (g, _), (u, _), (d, _) = _weight(mlp.gate_proj), _weight(mlp.up_proj), _weight(mlp.down_proj)
                 biases = (qb, kb, vb)
-                self.layers.append(Layer(
+                layers.append(Layer(
                     qkv=torch.cat([q, k, v]), qkv_bias=torch.cat(biases) if all(b is not None for b in biases) else None,
                     o=o, o_bias=ob, gate_up=torch.cat([g, u]), down=d,
                     input_norm=block.input_layernorm.weight.detach(), post_norm=block.post_attention_layernorm.weight.detach(),
                     q_norm=attn.q_norm.weight.detach() if hasattr(attn, "q_norm") else None,
                     k_norm=attn.k_norm.weight.detach() if hasattr(attn, "k_norm") else None))
+            if self.layers is None or not self._states:
+                self.layers, (self.lm_head, self.lm_head_bias) = layers, head
+            else:  # graphs hold the old tensors: the new values go into them
+                pairs = [(getattr(old, f.name), getattr(fresh, f.name))
+                         for old, fresh in zip(self.layers, layers, strict=True) for f in fields(Layer)]
+                for held, value in pairs + list(zip((self.lm_head, self.lm_head_bias), head, strict=True)):
+                    if held is not None and held.data_ptr() != value.data_ptr():
+                        held.copy_(value)
         self._version = version
         return True
 
     def _rms(self, x, weight):
-        torch = self.torch
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * x.to(dtype)
+        return _rms(x, weight, self.eps)
 
     def rope_tables(self, length: int, device, dtype):
         """cos and sin for positions 0..length-1, from the model's own rotary embedding (its scaling included)."""
@@ -140,7 +166,7 @@ class Decoder:
 
     def forward(self, tokens, positions, cache, start: int, mask, rope):
         """Logits (float32) of the last position of `tokens` [B, T] at cache slots start..start+T-1. `mask` [B, T, L]:
-        which cache slots each new position may attend to."""
+        which cache slots each new position may attend to. The prefill (eager, any length)."""
         torch = self.torch
         F = torch.nn.functional
         cos, sin = rope[0][positions][:, None], rope[1][positions][:, None]  # [B, 1, T, hd]
@@ -167,57 +193,229 @@ class Decoder:
             y = self._rms(x, layer.post_norm)
             gate, up = F.linear(y, layer.gate_up).chunk(2, dim=-1)
             x = residual + F.linear(F.silu(gate) * up, layer.down)
-        x = self._rms(x[:, -1], self.norm)
-        return F.linear(x, self.lm_head, self.lm_head_bias).to(torch.float32)
+        return self._logits(x[:, -1])
+
+    def _logits(self, x):
+        F = self.torch.nn.functional
+        return F.linear(self._rms(x, self.norm), self.lm_head, self.lm_head_bias).to(self.torch.float32)
+
+    def _kernels(self):
+        """The two halves of a decode layer, compiled when the decoder is (one compilation serves every layer)."""
+        if self._project is None:
+            if self.compiled:
+                compile = lambda f: self.torch.compile(f, fullgraph=True, dynamic=False)  # noqa: E731
+                self._project, self._attend = compile(_project), compile(_attend)
+            else:
+                self._project, self._attend = _project, _attend
+        return self._project, self._attend
+
+    def _decode(self, s: "_State") -> None:
+        """One decode step on the static buffers of `s`: the token of each sequence at its position into cache slot
+        `s.slot`, then the next token sampled into `s.token` (padding once a sequence ended)."""
+        torch = self.torch
+        project, attend = self._kernels()
+        s.valid.index_fill_(1, s.slot, True)
+        cos, sin = s.rope[0][s.position][:, None, None], s.rope[1][s.position][:, None, None]  # [B, 1, 1, hd]
+        x = torch.nn.functional.embedding(s.token[:, None], self.embed)
+        shape = (self.heads, self.kv_heads, self.head_dim, self.eps)
+        for layer, (keys, values) in zip(self.layers, s.cache, strict=True):
+            q, k, v = project(x, layer.input_norm, layer.qkv, layer.qkv_bias, layer.q_norm, layer.k_norm, cos, sin,
+                              shape)
+            keys.index_copy_(2, s.slot, k)
+            values.index_copy_(2, s.slot, v)
+            x = attend(x, q, keys, values, s.valid, layer.o, layer.o_bias, layer.post_norm, layer.gate_up,
+                       layer.down, shape)
+        s.choose(self._logits(x[:, -1]))
+        s.position.add_(1)
+        s.slot.add_(1)
+
+    def _state(self, batch: int, prompt: int, new: int, generation, eos_ids, pad_id, device, dtype) -> "_State":
+        settings = tuple(getattr(generation, k, None) for k in ("temperature", "top_k", "top_p", "min_p"))
+        key = (batch, prompt + new, settings, tuple(eos_ids), pad_id)
+        s = self._states.pop(key, None)
+        if s is None:
+            while len(self._states) >= GRAPHS:
+                self._states.pop(next(iter(self._states)))
+            s = _State(self, batch, prompt + new, generation, eos_ids, pad_id, device, dtype)
+        self._states[key] = s  # the newest last
+        return s
 
     def generate(self, prompts: list[list[int]], generation, eos_ids: list[int], pad_id: int, generator=None):
         """Completions of left-padded `prompts`, each up to and with its first EOS token, sampled as
         transformers' generate() samples with `generation` (temperature, top_k, top_p, min_p)."""
         torch = self.torch
         check_sampling(generation)
+        if generator is not None and self.graphs:
+            raise ValueError("a decode step replayed as a CUDA graph draws from the default CUDA generator: seed it "
+                             "(torch.manual_seed) instead of passing a generator, or use Decoder(compiled=False)")
         self.refresh()
         device = self.embed.device
         dtype = self.embed.dtype
         b, p = len(prompts), max(len(x) for x in prompts)
+        if self.graphs:
+            p = -(-p // PROMPT_BUCKET) * PROMPT_BUCKET
         new = generation.max_new_tokens
-        length = p + new
+        s = self._state(b, p, new, generation, eos_ids, pad_id, device, dtype)
+        s.start(prompts, p, generator)
         tokens = torch.full((b, p), pad_id, dtype=torch.long, device=device)
-        valid = torch.zeros((b, length), dtype=torch.bool, device=device)
         for i, prompt in enumerate(prompts):
             tokens[i, p - len(prompt):] = torch.tensor(prompt, device=device)
-            valid[i, p - len(prompt):p] = True
-        positions = (valid[:, :p].long().cumsum(-1) - 1).clamp(min=0)
-        rope = self.rope_tables(length, device, dtype)
-        cache = [(torch.zeros(b, self.kv_heads, length, self.head_dim, device=device, dtype=dtype),
-                  torch.zeros(b, self.kv_heads, length, self.head_dim, device=device, dtype=dtype)) for _ in self.layers]
-        causal = torch.ones(p, length, dtype=torch.bool, device=device).tril()
+        positions = (s.valid[:, :p].long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones(p, s.length, dtype=torch.bool, device=device).tril()
         # A padding position attends to itself only (its output is never used; a row with no key would be NaN)
-        mask = (causal[None] & valid[:, None]) | torch.eye(p, length, dtype=torch.bool, device=device)[None]
-        warpers = _warpers(generation)
-        eos = torch.tensor(eos_ids, device=device)
-        unfinished = torch.ones(b, dtype=torch.bool, device=device)
-        out = torch.full((b, new), pad_id, dtype=torch.long, device=device)
-        logits = self.forward(tokens, positions, cache, 0, mask, rope)
-        position = positions[:, -1]
-        for step in range(new):
-            scores = logits
-            for warp in warpers:
-                scores = warp(None, scores)
-            sampled = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
-            sampled = torch.where(unfinished, sampled, torch.full_like(sampled, pad_id))
-            out[:, step] = sampled
-            unfinished &= ~torch.isin(sampled, eos)
-            if not unfinished.any() or step == new - 1:
+        mask = (causal[None] & s.valid[:, None]) | torch.eye(p, s.length, dtype=torch.bool, device=device)[None]
+        s.choose(self.forward(tokens, positions, s.cache, 0, mask, s.rope))
+        s.out[:, 0] = s.token
+        s.position.copy_(positions[:, -1] + 1)
+        s.slot.fill_(p)
+        for step in range(1, new):
+            if step % CHECK_EVERY == 1 and not s.unfinished.any():
                 break
-            slot = p + step
-            valid[:, slot] = True
-            position = position + 1
-            logits = self.forward(sampled[:, None], position[:, None], cache, slot, valid[:, None], rope)
+            s.step()
+            s.out[:, step] = s.token
         completions = []
-        for row in out.tolist():
+        for row in s.out.tolist():
             ends = [i for i, token in enumerate(row) if token in eos_ids]
             completions.append(row[:ends[0] + 1] if ends else row)
         return completions
+
+
+class _State:
+    """The static buffers of one batch size and cache length: KV cache, attention mask, the current token, its
+    position and cache slot, which sequences still run, the output; and the decode step's CUDA graph over them."""
+
+    def __init__(self, decoder: Decoder, batch: int, length: int, generation, eos_ids, pad_id, device, dtype):
+        torch = decoder.torch
+        self.decoder, self.length = decoder, length
+        self.cache = [(torch.zeros(batch, decoder.kv_heads, length, decoder.head_dim, device=device, dtype=dtype),
+                       torch.zeros(batch, decoder.kv_heads, length, decoder.head_dim, device=device, dtype=dtype))
+                      for _ in decoder.layers]
+        self.rope = decoder.rope_tables(length, device, dtype)
+        self.valid = torch.zeros((batch, length), dtype=torch.bool, device=device)
+        self.token = torch.zeros(batch, dtype=torch.long, device=device)
+        self.position = torch.zeros(batch, dtype=torch.long, device=device)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+        self.out = torch.full((batch, generation.max_new_tokens), pad_id, dtype=torch.long, device=device)
+        self.eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+        self.pad = pad_id
+        self.sampler = Sampler(generation)
+        self.generator = None
+        self.graph = None
+
+    def start(self, prompts, width: int, generator) -> None:
+        self.valid.zero_()
+        for i, prompt in enumerate(prompts):
+            self.valid[i, width - len(prompt):width] = True
+        self.unfinished.fill_(True)
+        self.out.fill_(self.pad)
+        self.generator = generator
+
+    def choose(self, logits) -> None:
+        torch = self.decoder.torch
+        sampled = self.sampler(logits, self.generator)
+        sampled = torch.where(self.unfinished, sampled, torch.full_like(sampled, self.pad))
+        self.token.copy_(sampled)
+        self.unfinished.logical_and_(~torch.isin(sampled, self.eos))
+
+    def step(self) -> None:
+        if not self.decoder.graphs:
+            self.decoder._decode(self)
+            return
+        if self.graph is None:
+            self.graph = self._capture()
+        self.graph.replay()
+
+    def _capture(self):
+        """The decode step as a CUDA graph over these buffers, after warm-up runs (compilation, autotuning) on a
+        side stream; the buffers the warm-up moved are put back."""
+        torch = self.decoder.torch
+        saved = [t.clone() for t in (self.valid, self.token, self.position, self.slot, self.unfinished)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.decoder._decode(self)
+                self.slot.copy_(saved[3])
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.decoder._decode(self)
+        for held, value in zip((self.valid, self.token, self.position, self.slot, self.unfinished), saved):
+            held.copy_(value)
+        return graph
+
+
+class Sampler:
+    """transformers' warpers for `generation` in generate()'s order, applied after top_k to the top_k + TIES largest
+    logits only (top_k removes the others whatever follows; TIES keeps the ties with the k-th that transformers
+    keeps), and a draw by exponential races: the category with the largest p / E, E ~ Exp(1), is a draw from p,
+    with no host synchronisation, so it can live in a CUDA graph."""
+
+    def __init__(self, generation):
+        from transformers.generation.logits_process import TopKLogitsWarper
+
+        self.warpers = _warpers(generation)
+        self.top_k = generation.top_k if any(isinstance(w, TopKLogitsWarper) for w in self.warpers) else 0
+        self.narrow_at = next((i for i, w in enumerate(self.warpers) if isinstance(w, TopKLogitsWarper)), None)
+
+    def distribution(self, logits):
+        """The probabilities the settings give, and the token ids they are of (None: the whole vocabulary)."""
+        import torch
+
+        scores, ids = logits, None
+        for i, warp in enumerate(self.warpers):
+            if i == self.narrow_at:
+                scores, ids = scores.topk(min(scores.shape[-1], self.top_k + TIES), dim=-1)
+            scores = warp(None, scores)
+        return torch.softmax(scores, dim=-1), ids
+
+    def __call__(self, logits, generator=None):
+        import torch
+
+        probs, ids = self.distribution(logits)
+        choice = (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1)
+        return choice if ids is None else ids.gather(1, choice[:, None]).squeeze(1)
+
+
+def _rms(x, weight, eps):
+    import torch
+
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def _project(x, input_norm, qkv, qkv_bias, q_norm, k_norm, cos, sin, shape):
+    """A decode layer's first half: the normed input's q, k, v for one new token [B, 1, H], rotated."""
+    import torch.nn.functional as F
+
+    h, kvh, hd, eps = shape
+    b = x.shape[0]
+    y = F.linear(_rms(x, input_norm, eps), qkv, qkv_bias)
+    q, k, v = y.split([h * hd, kvh * hd, kvh * hd], dim=-1)
+    q, k = q.view(b, 1, h, hd), k.view(b, 1, kvh, hd)
+    if q_norm is not None:
+        q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(b, 1, kvh, hd).transpose(1, 2)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
+def _attend(x, q, keys, values, valid, o, o_bias, post_norm, gate_up, down, shape):
+    """A decode layer's second half: attention of the new token over the cache slots `valid` marks (each query
+    head reads its group's key head, as SDPA's enable_gqa), the output projection, the MLP, the residuals."""
+    import torch
+    import torch.nn.functional as F
+
+    h, kvh, hd, eps = shape
+    b, length = x.shape[0], keys.shape[2]
+    scores = torch.matmul(q.view(b, kvh, h // kvh, hd), keys.transpose(-1, -2)).to(torch.float32) * hd ** -0.5
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    y = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)  # [B, kvh, group, hd]
+    x = x + F.linear(y.reshape(b, 1, h * hd), o, o_bias)
+    gate, up = F.linear(_rms(x, post_norm, eps), gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down)
 
 
 def _rotate_half(x):
