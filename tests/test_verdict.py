@@ -136,3 +136,35 @@ def test_a_metric_missing_from_one_run_is_not_logged():
 def test_runs_of_different_lengths_are_an_error():
     with pytest.raises(StatsError, match="different length"):
         verdict.judge_runs([make_stats("vllm", 6, seed=1), make_stats("vllm", 5, seed=2)], [make_stats("hf", 6)], "loss")
+
+
+def _pairs(n: int, mean: float, sd: float, seed: int = 0):
+    """n reference summaries and candidates whose paired differences have exactly `mean` and `sd`."""
+    import random
+    import statistics
+
+    rng = random.Random(seed)
+    reference = [rng.gauss(0, 0.3) for _ in range(n)]
+    raw = [rng.gauss(0, 1) for _ in range(n)]
+    m, s = statistics.fmean(raw), statistics.stdev(raw)
+    return reference, [r + mean + sd * (x - m) / s for r, x in zip(reference, raw)]
+
+
+def test_an_open_verdict_at_the_last_look_says_how_many_runs_would_decide_it_and_they_would():
+    """At the last planned look a difference as large as the margin cannot be shown equivalent; the reason
+    estimates the runs that would show it divergent at the spread measured, and runs of that number with that
+    difference and spread are."""
+    import re
+
+    seeds = list(range(12))
+    reference, candidate = _pairs(12, 1.4, 1.1)
+    judged = verdict.judge(reference, candidate, tests=75, reference_seeds=seeds, candidate_seeds=seeds)
+    assert judged["verdict"] == "inconclusive" and judged["look"] == judged["looks"]
+    assert abs(judged["difference"]) >= judged["margin"] and "equivalence cannot be shown" in judged["reason"]
+    runs = int(re.search(r"divergent at about (\d+) runs", judged["reason"]).group(1))
+    assert runs > 12
+    fewer, enough = _pairs(runs - 1, 1.4, 1.1), _pairs(runs, 1.4, 1.1)
+    judge = lambda pair: verdict.judge(*pair, tests=75, reference_seeds=list(range(len(pair[0]))),  # noqa: E731
+                                       candidate_seeds=list(range(len(pair[0]))))["p_value"]
+    alpha = judged["alpha"] / 75
+    assert judge(enough) <= alpha < judge(fewer)

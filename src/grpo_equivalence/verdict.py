@@ -170,8 +170,35 @@ def _decide(evidence: dict, divergent: bool, look_alpha: float, tests: int) -> d
     nxt = evidence.get("next_runs")
     return {"verdict": INCONCLUSIVE,
             "reason": f"neither shown ({where})" + (f"; next look at {nxt} runs of each backend" if nxt else
-                                                   "; the last planned look: the difference is smaller than runs can "
-                                                   "show or larger than the margin allows")}
+                                                   "; the last planned look: " + _beyond_plan(evidence, look_alpha,
+                                                                                              tests))}
+
+
+BEYOND = 200  # the most runs of each backend _beyond_plan considers
+
+
+def _beyond_plan(evidence: dict, alpha: float, tests: int) -> str:
+    """What an open verdict at the last planned look would need: about how many runs of each backend a new study,
+    planned with the same alpha at its last look, would need at the measured difference and spread to show it
+    divergent, and, where the difference is within the margin, equivalent (estimates from these runs, not
+    verdicts)."""
+    d, bound = abs(evidence["difference"]), evidence.get("margin")
+    # The spread of one seed's difference: measured where paired, from the pooled SD of a run otherwise
+    spread = evidence.get("difference_sd") or math.sqrt(2) * evidence.get("pooled_sd", 0.0)
+    if not bound or not spread:
+        return "no spread to plan from"
+    se = lambda n: spread / math.sqrt(n)  # noqa: E731
+    needs = {"divergent": next((n for n in range(3, BEYOND + 1) if _two_sided_p(d / se(n), n - 1) <= alpha / tests),
+                               None)}
+    if d < bound:
+        needs["equivalent"] = next((n for n in range(3, BEYOND + 1) if d + _t_quantile(1 - alpha, n - 1) * se(n) < bound),
+                                   None)
+    where = ("as large as" if d >= bound else "within") + f" the margin ({bound:.3g})"
+    options = sorted(needs.items(), key=lambda item: item[1] or BEYOND + 1)
+    said = " or ".join(f"{verdict} at {f'about {n}' if n else f'more than {BEYOND}'} runs of each"
+                       for verdict, n in options)
+    return (f"the difference ({d:.3g}) is {where}" + ("" if d < bound else ", so equivalence cannot be shown") +
+            f"; beyond the plan, at the spread measured, it would be {said} (an estimate, not a verdict)")
 
 
 def _next_power(evidence: dict, pairs: list, s: float, bound: float, alpha: float) -> dict:
