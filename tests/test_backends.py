@@ -173,9 +173,9 @@ def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_i
                                                                                                    tmp_path):
     """The first engine of a compile-cache folder profiles holding the quiet lock exclusively and records vLLM's
     startup plan; later ones apply the plan whatever the free memory (the lease holds their share) and hold the
-    lock shared; one that expected a plan and found none that applies starts again exclusively. Stand-ins for
-    vLLM's LLM, its worker's plan hook and its plan module, each doing what vLLM 0.26 does at those points (vLLM
-    is not installed here)."""
+    lock shared; one whose settings have no plan takes the lock exclusively before its memory snapshot; one that
+    found out only later starts again exclusively. Stand-ins for vLLM's LLM, its worker and its plan module, each
+    doing what vLLM 0.26 does at those points (vLLM is not installed here)."""
     import fcntl
     import json
 
@@ -185,8 +185,8 @@ def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_i
     cache = tmp_path / "vllm"
     quiet = tmp_path / "gpu-0.quiet"
     quiet.touch()
-    seen = []
-    fingerprint = ["settings-a"]
+    seen, starts = [], []
+    fingerprint = {"init": "settings-a", "apply": "settings-a"}
 
     def lock_mode():
         with open(quiet) as f:
@@ -199,31 +199,45 @@ def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_i
     def plan_path(name):
         return cache / "startup_plan" / f"startup_plan_{name}.json"
 
+    def load_plan(name):
+        return json.loads(plan_path(name).read_text()) if plan_path(name).exists() else None
+
     def applicable(plan, free):  # vLLM's gate: no less free memory than when the plan was recorded
         return plan["kv_cache_memory_bytes"] if free >= plan["free_memory_baseline"] else None
 
     def maybe_apply(worker):
-        path = plan_path(fingerprint[0])
-        if path.exists():
-            kv = startup_plan._applicable_kv_cache_memory_bytes(json.loads(path.read_text()), worker.free)
+        plan = load_plan(fingerprint["apply"])
+        if plan is not None:
+            kv = startup_plan._applicable_kv_cache_memory_bytes(plan, worker.free)
             if kv is not None:
                 worker.cache_config.kv_cache_memory_bytes = kv
 
-    startup_plan = types.SimpleNamespace(compute_plan_fingerprint=lambda *a: fingerprint[0],
+    class Worker:
+        def __init__(self, free):
+            self.free, self.rank, self.vllm_config = free, 0, "config"
+            self.parallel_config = types.SimpleNamespace(world_size=1)
+            self.cache_config = types.SimpleNamespace(kv_cache_memory_bytes=None)
+
+        def init_device(self):
+            self.snapshot_lock = lock_mode()  # vLLM's memory snapshot
+
+    startup_plan = types.SimpleNamespace(compute_plan_fingerprint=lambda *a: fingerprint["init"], _load_plan=load_plan,
                                          _applicable_kv_cache_memory_bytes=applicable,
                                          maybe_apply_startup_plan=maybe_apply)
-    gpu_worker = types.SimpleNamespace(maybe_apply_startup_plan=maybe_apply)
+    gpu_worker = types.SimpleNamespace(maybe_apply_startup_plan=maybe_apply, Worker=Worker)
 
     class LLM:
         def __init__(self, free=100):
-            worker = types.SimpleNamespace(free=free, cache_config=types.SimpleNamespace(kv_cache_memory_bytes=None))
+            starts.append(free)
+            worker = gpu_worker.Worker(free)
+            worker.init_device()
             gpu_worker.maybe_apply_startup_plan(worker)  # vLLM's determine_available_memory, before profiling
             profiled = worker.cache_config.kv_cache_memory_bytes is None
-            seen.append((lock_mode(), profiled))
+            seen.append((worker.snapshot_lock, lock_mode(), profiled))
             if profiled:
-                plan_path(fingerprint[0]).parent.mkdir(parents=True, exist_ok=True)
-                plan_path(fingerprint[0]).write_text(json.dumps({"kv_cache_memory_bytes": 7,
-                                                                 "free_memory_baseline": free}))
+                plan_path(fingerprint["apply"]).parent.mkdir(parents=True, exist_ok=True)
+                plan_path(fingerprint["apply"]).write_text(json.dumps({"kv_cache_memory_bytes": 7,
+                                                                       "free_memory_baseline": free}))
 
     for name, module in {"vllm": types.ModuleType("vllm"), "vllm.entrypoints": types.ModuleType("vllm.entrypoints"),
                          "vllm.entrypoints.llm": types.SimpleNamespace(LLM=LLM),
@@ -238,9 +252,13 @@ def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_i
     _vllm.start_engines_quietly()
     LLM(free=100)  # the first: profiles, alone
     LLM(free=40)  # less free memory than the plan's baseline, which vLLM's own gate would refuse: applies it
-    fingerprint[0] = "settings-b"  # a plan is there, but for other settings: found out, started again alone
+    fingerprint.update(init="settings-b", apply="settings-b")  # a plan is there, for other settings
     LLM(free=100)
-    assert seen == [("exclusive", True), ("shared", False), ("exclusive", True)]
+    fingerprint.update(init="settings-a", apply="settings-c")  # the settings changed after the snapshot
+    LLM(free=100)
+    assert seen == [("exclusive", "exclusive", True), ("shared", "shared", False), ("exclusive", "exclusive", True),
+                    ("exclusive", "exclusive", True)]
+    assert starts == [100, 40, 100, 100, 100]  # only the last started twice
     monkeypatch.delenv(gpus.QUIET_ENV)  # no lease: vLLM's gate as it is
     assert startup_plan._applicable_kv_cache_memory_bytes({"kv_cache_memory_bytes": 7, "free_memory_baseline": 100},
                                                           40) is None

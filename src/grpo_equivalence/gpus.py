@@ -373,30 +373,42 @@ def quiet(paths: list[str] | None = None, log=print, *, measuring: bool = False)
     """Holds the quiet locks of this job's devices (QUIET_ENV) for the block, exclusively when `measuring` (a vLLM
     engine's start), shared otherwise; nothing where there are none."""
     global _QUIET_DEPTH
-    global _QUIET_MODE
     paths = sorted(paths if paths is not None else quiet_paths())
     if _QUIET_DEPTH or _QUIET_AT_EXIT or not paths:  # held already by this process (a second flock would wait)
         yield
         return
     _QUIET_DEPTH += 1
-    handles = []
-    _QUIET_MODE = "exclusive" if measuring else "shared"
     try:
-        began = time.monotonic()
-        handles = _take_quiet(paths, measuring)
-        if time.monotonic() - began >= 1:
-            log(f"waited {time.monotonic() - began:.0f} s for other jobs on the GPU to finish " +
-                ("loading or ending" if measuring else "starting a vLLM engine"))
+        _hold_quiet(paths, measuring, log)
         yield
     finally:
         _QUIET_DEPTH -= 1
-        _QUIET_MODE = None
-        for handle in handles:
+        for handle in _QUIET_HELD.pop("handles", []):
             handle.close()
+        _QUIET_HELD.clear()
+
+
+def _hold_quiet(paths: list[str], measuring: bool, log) -> None:
+    began = time.monotonic()
+    _QUIET_HELD.update(paths=paths, mode="exclusive" if measuring else "shared", handles=_take_quiet(paths, measuring))
+    if time.monotonic() - began >= 1:
+        log(f"waited {time.monotonic() - began:.0f} s for other jobs on the GPU to finish " +
+            ("loading or ending" if measuring else "starting a vLLM engine"))
+
+
+def measure_from_here(log=print) -> None:
+    """Within quiet(), shared: holds the locks exclusively from here to the block's end (a vLLM engine start that
+    found it must profile the device's memory after all). The shared lock is let go first, so two such starts
+    cannot wait for each other."""
+    if _QUIET_HELD.get("mode") != "shared":
+        return
+    for handle in _QUIET_HELD.pop("handles"):
+        handle.close()
+    _hold_quiet(_QUIET_HELD["paths"], True, log)
 
 
 _QUIET_DEPTH = 0
-_QUIET_MODE = None
+_QUIET_HELD: dict = {}  # what quiet() holds: paths, mode, handles
 
 
 def quiet_paths() -> list[str]:
@@ -406,7 +418,7 @@ def quiet_paths() -> list[str]:
 
 def quiet_held() -> str | None:
     """How this process holds its devices' quiet locks now: "exclusive", "shared" (until it exits counts), or None."""
-    return "shared" if _QUIET_AT_EXIT else _QUIET_MODE
+    return "shared" if _QUIET_AT_EXIT else _QUIET_HELD.get("mode")
 
 
 def hold_quiet_until_exit() -> None:

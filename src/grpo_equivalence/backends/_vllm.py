@@ -53,8 +53,9 @@ def _startup_plans():
         from vllm.v1.worker import gpu_worker, startup_plan
     except ImportError:
         return None
-    needed = ("compute_plan_fingerprint", "_applicable_kv_cache_memory_bytes", "maybe_apply_startup_plan")
-    if not all(hasattr(startup_plan, name) for name in needed) or not hasattr(gpu_worker, "maybe_apply_startup_plan"):
+    needed = ("compute_plan_fingerprint", "_load_plan", "_applicable_kv_cache_memory_bytes", "maybe_apply_startup_plan")
+    if not all(hasattr(startup_plan, name) for name in needed) or not hasattr(gpu_worker, "maybe_apply_startup_plan") \
+            or not hasattr(getattr(gpu_worker, "Worker", None), "init_device"):
         return None
     return startup_plan, gpu_worker
 
@@ -74,9 +75,11 @@ def start_engines_quietly() -> None:
     Only an engine that measures needs the lock exclusively. The first engine of a study's settings profiles, and
     vLLM's startup plan (VLLM_ENABLE_STARTUP_PLAN) records the KV-cache size it arrived at beside the compile
     cache; every later engine of those settings applies it and skips the profiling, so it only allocates, as a
-    model load does, and takes the lock shared. On a shared GPU the plan applies whatever the device's free
-    memory is now: vLLM's own gate (no less free memory than when the plan was recorded) assumes a device with
-    no neighbours, and the lease already holds this job's share (vLLM checks at start that its share is free)."""
+    model load does, and takes the lock shared. An engine whose settings have no plan (found before the worker's
+    memory snapshot) holds the lock exclusively from there; one that finds out only later starts again. On a
+    shared GPU the plan applies whatever the device's free memory is now: vLLM's own gate (no less free memory
+    than when the plan was recorded) assumes a device with no neighbours, and the lease already holds this job's
+    share (vLLM checks at start that its share is free)."""
     from vllm.entrypoints.llm import LLM
 
     from .. import gpus
@@ -101,11 +104,23 @@ def start_engines_quietly() -> None:
                         raise
                     print(f"vLLM's engine start must measure the GPU's memory ({str(error).splitlines()[0][:120]}; "
                           f"attempt {attempt} of {ATTEMPTS}); starting it again alone", flush=True)
+            _free_failed_start()
             measuring = True
             time.sleep(2.0 * attempt)
 
     init.starts_quietly = True
     LLM.__init__ = init
+
+
+def _free_failed_start() -> None:
+    """What a failed engine start left allocated (its weights, its buffers) goes before the next start measures."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _follow_plans(startup_plan, gpu_worker) -> None:
@@ -125,5 +140,16 @@ def _follow_plans(startup_plan, gpu_worker) -> None:
         if worker.cache_config.kv_cache_memory_bytes is None and gpus.quiet_held() == "shared":
             raise RuntimeError(f"{NO_PLAN} (settings other than the recorded plan's)")
 
+    init_device = gpu_worker.Worker.init_device
+
+    def init_device_measuring_if_planless(worker, *args, **kwargs):
+        # Before the worker's memory snapshot: an engine of settings with no plan profiles, so it must be alone
+        fingerprint = startup_plan.compute_plan_fingerprint(worker.vllm_config, worker.rank,
+                                                            worker.parallel_config.world_size)
+        if gpus.quiet_held() == "shared" and startup_plan._load_plan(fingerprint) is None:
+            gpus.measure_from_here()
+        return init_device(worker, *args, **kwargs)
+
     startup_plan._applicable_kv_cache_memory_bytes = applicable
     gpu_worker.maybe_apply_startup_plan = apply_or_stop
+    gpu_worker.Worker.init_device = init_device_measuring_if_planless
