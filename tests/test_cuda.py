@@ -108,4 +108,4 @@ def test_the_native_decoders_cuda_graphs_sample_the_eager_steps_tokens(primed):
         with torch.no_grad():
             for parameter in (p for p in model.parameters() if p.requires_grad):
                 parameter.add_(0.02)
-    assert len(graphs._states) == 1 and next(iter(graphs._states.values())).graph is not None
+    assert len(graphs._states) == 1 and len(next(iter(graphs._states.values())).graphs) >= 1

@@ -120,9 +120,11 @@ def test_exponential_races_draw_from_the_distribution():
     assert torch.allclose(counts, probs, atol=0.015) and counts[3] == 0
 
 
-def test_the_compiled_decode_step_gives_the_eager_tokens_and_follows_an_optimizer_step(tiny, primed):
+def test_the_compiled_decode_step_gives_the_eager_tokens_and_follows_an_optimizer_step(tiny, primed, monkeypatch):
     """The decode step compiled (torch.compile, here for the CPU: CUDA graphs are the GPU's) samples what the
-    eager one does, and a merge after the first rollout lands in the tensors the step already holds."""
+    eager one does, with one compilation of each half of a layer for every layer and every attention window, and
+    a merge after the first rollout lands in the tensors the step already holds."""
+    monkeypatch.setattr(decoder, "WINDOW", 8)  # several windows in 16 new tokens
     tokenizer, prompts = tiny
     model = with_adapters(AutoModelForCausalLM.from_pretrained(primed["model"]))
     generation = GenerationConfig(max_new_tokens=16, do_sample=True, top_k=1, pad_token_id=tokenizer.pad_token_id,
@@ -132,7 +134,7 @@ def test_the_compiled_decode_step_gives_the_eager_tokens_and_follows_an_optimize
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     assert compiled.generate(prompts, generation, eos, pad) == eager.generate(prompts, generation, eos, pad)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # each half once, whatever the layer
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # each half once, whatever layer or window
     held = compiled.layers[0].qkv
     with torch.no_grad():
         for parameter in (p for p in model.parameters() if p.requires_grad):

@@ -8,10 +8,12 @@ them; the KV cache is static, sized to prompt + completion. Sampling is transfor
 generate()'s order, on float32 logits, so the distribution is the one the study's settings define: the rollout
 check judges it against `hf`.
 
-On a GPU the decode step is compiled and replayed as a CUDA graph, one per batch size and cache length (prompts
-are padded to a multiple of PROMPT_BUCKET so that the lengths repeat): the projections and norms of a layer are
-one compiled function, shared by every layer; the cache writes, the attention mask and the sampling run between
-them as plain kernels, and the graph holds them all, so a step costs no Python. On the CPU every step is eager.
+On a GPU the decode step is compiled and replayed as CUDA graphs: the projections and norms of a layer are one
+compiled function and its attention and MLP another, each compiled once for every layer, the attention for any
+length of cache. The cache writes, the attention mask and the sampling run between them as plain kernels, and a
+graph holds them all, so a step costs no Python. There is one KV cache per batch size (grown when a longer prompt
+comes) and one graph per attention window: a step attends over the first WINDOW-multiple of cache slots that
+holds every token so far, not over the whole cache. On the CPU every step is eager.
 Sampling draws among the top_k + TIES largest logits (the tokens top_k keeps, and ties with the k-th) with
 transformers' own warpers, which is the distribution of the warpers over the whole vocabulary; without top_k it
 uses the whole vocabulary.
@@ -27,9 +29,9 @@ UNSUPPORTED = {"repetition_penalty": 1.0, "top_h": None, "typical_p": 1.0, "epsi
                "begin_suppress_tokens": None, "min_new_tokens": None, "num_beams": 1, "encoder_repetition_penalty": 1.0}
 
 
-PROMPT_BUCKET = 64  # prompts are left-padded to a multiple of this where decode steps are graphs
+WINDOW = 64  # cache slots a decode step's attention window grows by (one CUDA graph per window)
 TIES = 16  # logits beyond top_k drawn among, so that ties with the k-th are kept as transformers keeps them
-GRAPHS = 4  # decode graphs (with their KV caches) kept at once; a fifth shape drops the oldest
+STATES = 2  # KV caches (with their graphs) kept at once, one per batch size and sampling; a third drops the oldest
 CHECK_EVERY = 16  # decode steps between two looks at whether every sequence has ended (a look waits for the GPU)
 
 
@@ -203,18 +205,20 @@ class Decoder:
         """The two halves of a decode layer, compiled when the decoder is (one compilation serves every layer)."""
         if self._project is None:
             if self.compiled:
-                compile = lambda f: self.torch.compile(f, fullgraph=True, dynamic=False)  # noqa: E731
+                compile = lambda f: self.torch.compile(f, fullgraph=True)  # noqa: E731
                 self._project, self._attend = compile(_project), compile(_attend)
             else:
                 self._project, self._attend = _project, _attend
         return self._project, self._attend
 
-    def _decode(self, s: "_State") -> None:
+    def _decode(self, s: "_State", window: int) -> None:
         """One decode step on the static buffers of `s`: the token of each sequence at its position into cache slot
-        `s.slot`, then the next token sampled into `s.token` (padding once a sequence ended)."""
+        `s.slot` (below `window`), attending over the first `window` slots, then the next token sampled into
+        `s.token` (padding once a sequence ended)."""
         torch = self.torch
         project, attend = self._kernels()
         s.valid.index_fill_(1, s.slot, True)
+        valid = s.valid[:, :window]
         cos, sin = s.rope[0][s.position][:, None, None], s.rope[1][s.position][:, None, None]  # [B, 1, 1, hd]
         x = torch.nn.functional.embedding(s.token[:, None], self.embed)
         shape = (self.heads, self.kv_heads, self.head_dim, self.eps)
@@ -223,20 +227,28 @@ class Decoder:
                               shape)
             keys.index_copy_(2, s.slot, k)
             values.index_copy_(2, s.slot, v)
-            x = attend(x, q, keys, values, s.valid, layer.o, layer.o_bias, layer.post_norm, layer.gate_up,
-                       layer.down, shape)
+            seen = (keys[:, :, :window], values[:, :, :window])
+            if self.compiled:  # one compilation for every window
+                for t in (*seen, valid):
+                    torch._dynamo.mark_dynamic(t, t.dim() - 2 if t.dim() == 4 else 1)
+            x = attend(x, q, *seen, valid, layer.o, layer.o_bias, layer.post_norm, layer.gate_up, layer.down, shape)
         s.choose(self._logits(x[:, -1]))
         s.position.add_(1)
         s.slot.add_(1)
 
-    def _state(self, batch: int, prompt: int, new: int, generation, eos_ids, pad_id, device, dtype) -> "_State":
+    def _state(self, batch: int, length: int, generation, eos_ids, pad_id, device, dtype) -> "_State":
+        """The buffers for `batch` sequences of up to `length` tokens with these sampling settings: kept from an
+        earlier rollout where they are long enough, else new (the oldest dropped beyond STATES)."""
         settings = tuple(getattr(generation, k, None) for k in ("temperature", "top_k", "top_p", "min_p"))
-        key = (batch, prompt + new, settings, tuple(eos_ids), pad_id)
+        key = (batch, settings, tuple(eos_ids), pad_id)
         s = self._states.pop(key, None)
-        if s is None:
-            while len(self._states) >= GRAPHS:
+        if s is None or s.length < length + WINDOW:
+            while len(self._states) >= STATES:
                 self._states.pop(next(iter(self._states)))
-            s = _State(self, batch, prompt + new, generation, eos_ids, pad_id, device, dtype)
+            # One window more than any step attends over: a window never equals the cache's length, which
+            # torch.compile would otherwise tie to it and compile again for the next window
+            s = _State(self, batch, -(-length // WINDOW) * WINDOW + WINDOW, generation, eos_ids, pad_id, device,
+                       dtype)
         self._states[key] = s  # the newest last
         return s
 
@@ -252,37 +264,38 @@ class Decoder:
         device = self.embed.device
         dtype = self.embed.dtype
         b, p = len(prompts), max(len(x) for x in prompts)
-        if self.graphs:
-            p = -(-p // PROMPT_BUCKET) * PROMPT_BUCKET
         new = generation.max_new_tokens
-        s = self._state(b, p, new, generation, eos_ids, pad_id, device, dtype)
+        s = self._state(b, p + new, generation, eos_ids, pad_id, device, dtype)
         s.start(prompts, p, generator)
         tokens = torch.full((b, p), pad_id, dtype=torch.long, device=device)
         for i, prompt in enumerate(prompts):
             tokens[i, p - len(prompt):] = torch.tensor(prompt, device=device)
         positions = (s.valid[:, :p].long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones(p, s.length, dtype=torch.bool, device=device).tril()
+        causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
         # A padding position attends to itself only (its output is never used; a row with no key would be NaN)
-        mask = (causal[None] & s.valid[:, None]) | torch.eye(p, s.length, dtype=torch.bool, device=device)[None]
-        s.choose(self.forward(tokens, positions, s.cache, 0, mask, s.rope))
-        s.out[:, 0] = s.token
+        mask = (causal[None] & s.valid[:, None, :p]) | torch.eye(p, dtype=torch.bool, device=device)[None]
+        prefix = [(keys[:, :, :p], values[:, :, :p]) for keys, values in s.cache]  # the prompt's slots
+        out = torch.full((b, new), pad_id, dtype=torch.long, device=device)
+        s.choose(self.forward(tokens, positions, prefix, 0, mask, s.rope))
+        out[:, 0] = s.token
         s.position.copy_(positions[:, -1] + 1)
         s.slot.fill_(p)
         for step in range(1, new):
             if step % CHECK_EVERY == 1 and not s.unfinished.any():
                 break
-            s.step()
-            s.out[:, step] = s.token
+            slot = p + step - 1  # where this step's token goes
+            s.step((slot // WINDOW + 1) * WINDOW)
+            out[:, step] = s.token
         completions = []
-        for row in s.out.tolist():
+        for row in out.tolist():
             ends = [i for i, token in enumerate(row) if token in eos_ids]
             completions.append(row[:ends[0] + 1] if ends else row)
         return completions
 
 
 class _State:
-    """The static buffers of one batch size and cache length: KV cache, attention mask, the current token, its
-    position and cache slot, which sequences still run, the output; and the decode step's CUDA graph over them."""
+    """The static buffers of one batch size: KV cache, attention mask, the current token, its position and cache
+    slot, which sequences still run; and the decode step's CUDA graphs over them, one per attention window."""
 
     def __init__(self, decoder: Decoder, batch: int, length: int, generation, eos_ids, pad_id, device, dtype):
         torch = decoder.torch
@@ -296,19 +309,17 @@ class _State:
         self.position = torch.zeros(batch, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         self.unfinished = torch.ones(batch, dtype=torch.bool, device=device)
-        self.out = torch.full((batch, generation.max_new_tokens), pad_id, dtype=torch.long, device=device)
         self.eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
         self.pad = pad_id
         self.sampler = Sampler(generation)
         self.generator = None
-        self.graph = None
+        self.graphs: dict = {}  # attention window -> CUDA graph
 
     def start(self, prompts, width: int, generator) -> None:
         self.valid.zero_()
         for i, prompt in enumerate(prompts):
             self.valid[i, width - len(prompt):width] = True
         self.unfinished.fill_(True)
-        self.out.fill_(self.pad)
         self.generator = generator
 
     def choose(self, logits) -> None:
@@ -318,30 +329,32 @@ class _State:
         self.token.copy_(sampled)
         self.unfinished.logical_and_(~torch.isin(sampled, self.eos))
 
-    def step(self) -> None:
+    def step(self, window: int) -> None:
         if not self.decoder.graphs:
-            self.decoder._decode(self)
+            self.decoder._decode(self, window)
             return
-        if self.graph is None:
-            self.graph = self._capture()
-        self.graph.replay()
+        if window not in self.graphs:
+            self.graphs[window] = self._capture(window)
+        self.graphs[window].replay()
 
-    def _capture(self):
-        """The decode step as a CUDA graph over these buffers, after warm-up runs (compilation, autotuning) on a
-        side stream; the buffers the warm-up moved are put back."""
+    def _capture(self, window: int):
+        """The decode step over `window` slots as a CUDA graph over these buffers, after warm-up runs
+        (compilation, autotuning) on a side stream; the buffers the warm-up moved are put back (the cache slot it
+        wrote is written again by the step)."""
         torch = self.decoder.torch
-        saved = [t.clone() for t in (self.valid, self.token, self.position, self.slot, self.unfinished)]
+        moved = (self.valid, self.token, self.position, self.slot, self.unfinished)
+        saved = [t.clone() for t in moved]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.decoder._decode(self)
+                self.decoder._decode(self, window)
                 self.slot.copy_(saved[3])
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.decoder._decode(self)
-        for held, value in zip((self.valid, self.token, self.position, self.slot, self.unfinished), saved):
+            self.decoder._decode(self, window)
+        for held, value in zip(moved, saved, strict=True):
             held.copy_(value)
         return graph
 
