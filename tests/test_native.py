@@ -143,3 +143,29 @@ def test_the_compiled_decode_step_gives_the_eager_tokens_and_follows_an_optimize
     assert compiled.layers[0].qkv is held and not torch.equal(held, eager.layers[0].qkv)  # copied in place
     assert after == eager.generate(prompts, generation, eos, pad)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # new weights, same compiled halves
+
+
+def test_the_warm_up_compiles_for_the_longest_prompt_and_leaves_the_random_streams_alone(tiny, primed):
+    """Before training (start-up) the decoder compiles for the data set's longest prompt at the rollout's batch
+    size; the rollouts after it reuse that cache, and the warm-up draws nothing from the run's random streams."""
+    from datasets import Dataset
+
+    from grpo_equivalence.backends.native import longest_prompt
+
+    tokenizer, prompts = tiny
+    questions = ["What is 3+4?", "What is 100 + 23 + 7 ?", "12+5"]
+    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in questions])
+    text = tokenizer.apply_chat_template([{"role": "user", "content": questions[1]}], add_generation_prompt=True,
+                                         tokenize=False)
+    assert longest_prompt(rows, tokenizer) == tokenizer(text, add_special_tokens=False)["input_ids"]
+    longest = longest_prompt(rows, tokenizer)
+    assert longest_prompt(Dataset.from_list([{"question": "no prompt column"}]), tokenizer) == []
+    model = with_adapters(AutoModelForCausalLM.from_pretrained(primed["model"]))
+    native = decoder.Decoder(model, compiled=True)
+    generation = GenerationConfig(max_new_tokens=8, do_sample=True, top_k=5, pad_token_id=tokenizer.pad_token_id)
+    before = torch.get_rng_state()
+    assert native.warm_up(longest, 3, generation, [tokenizer.eos_token_id], tokenizer.pad_token_id) > 0
+    assert torch.equal(torch.get_rng_state(), before)
+    (state,) = native._states.values()
+    native.generate(prompts, generation, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    assert list(native._states.values()) == [state]  # the same cache: long enough

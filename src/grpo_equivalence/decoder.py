@@ -19,6 +19,7 @@ transformers' own warpers, which is the distribution of the warpers over the who
 uses the whole vocabulary.
 """
 
+import time
 from dataclasses import dataclass, fields
 
 ARCHITECTURES = ("qwen3", "llama")
@@ -251,6 +252,20 @@ class Decoder:
                        dtype)
         self._states[key] = s  # the newest last
         return s
+
+    def warm_up(self, prompt: list[int], batch: int, generation, eos_ids: list[int], pad_id: int) -> float:
+        """Compiles the decode step and captures its graphs for `batch` copies of `prompt` (the longest a rollout
+        will see) before training, so that the time counts as start-up; the random streams are left as they were,
+        so the run trains as it would have without. Seconds taken."""
+        torch = self.torch
+        began = time.perf_counter()
+        self.refresh()
+        devices = [torch.cuda.current_device()] if self.embed.is_cuda else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            self.generate([list(prompt)] * batch, generation, eos_ids, pad_id)
+        if self.embed.is_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - began
 
     def generate(self, prompts: list[list[int]], generation, eos_ids: list[int], pad_id: int, generator=None):
         """Completions of left-padded `prompts`, each up to and with its first EOS token, sampled as

@@ -34,7 +34,31 @@ class Native(Backend):
             return completions, None
 
         trainer._generate_single_turn = generate_single_turn
+        if native.graphs:  # compile and capture now, counted as start-up, not in the first step
+            prompt = longest_prompt(trainer.train_dataset, tokenizer)
+            if prompt:
+                batch = trainer.args.generation_batch_size // trainer.accelerator.num_processes
+                seconds = native.warm_up(prompt, batch, trainer.generation_config, trainer.eos_token_ids, pad_id)
+                print(f"[native] decode step compiled and captured in {seconds:.1f} s (batch {batch}, prompts of up "
+                      f"to {len(prompt)} tokens)", flush=True)
         return ["generation.native_decoder"]
+
+
+def longest_prompt(dataset, tokenizer, rows: int = 2000) -> list[int]:
+    """The token ids of the longest prompt among the first `rows` of the data set, as TRL tokenizes a prompt
+    (a conversation through the chat template, with the generation prompt); none without a prompt column."""
+    if dataset is None or "prompt" not in getattr(dataset, "column_names", []):
+        return []
+    longest: list[int] = []
+    for row in dataset.select(range(min(rows, len(dataset)))):
+        prompt = row["prompt"]
+        if isinstance(prompt, str):
+            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        longest = ids if len(ids) > len(longest) else longest
+    return list(longest)
 
 
 BACKEND = Native(
