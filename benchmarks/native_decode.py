@@ -44,21 +44,26 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--vllm", action="store_true", help="also time vLLM on the same shape")
     parser.add_argument("--out", help="write the figures as JSON here")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (eager decoder, no floor)")
     args = parser.parse_args()
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     study = yaml.safe_load(Path(args.study).read_text())
     grpo = study["grpo"]
     sampling = {k: grpo[k] for k in ("temperature", "top_k", "top_p", "min_p")}
     config = model_config(load_architecture(args.architecture))
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        base = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.device(args.device):
+        base = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if cuda else torch.float32)
     weights = sum(p.numel() * p.element_size() for p in base.parameters())
-    floor_ms = 1000 * weights / (device_bandwidth_gbs() * 1e9)
+    floor_ms = 1000 * weights / (device_bandwidth_gbs() * 1e9) if cuda else None
     results = {"architecture": Path(args.architecture).stem, "prompt": args.prompt, "tokens": args.tokens,
                "sampling": sampling, "weights_gb": weights / 1e9, "bandwidth_floor_ms": floor_ms, "batches": {}}
     say = lambda line: print(line, flush=True)  # noqa: E731
-    say(f"{results['architecture']}: {weights / 1e9:.2f} GB of weights, floor {floor_ms:.2f} ms per decode step")
+    over = lambda ms: f"{ms / floor_ms:.1f} x floor" if floor_ms else "no floor on the CPU"  # noqa: E731
+    say(f"{results['architecture']}: {weights / 1e9:.2f} GB of weights, floor {floor_ms or float('nan'):.2f} ms per "
+        f"decode step")
 
     def save():
         if args.out:
@@ -71,25 +76,26 @@ def main() -> None:
 
     def native_run(prompts, new):
         generation = GenerationConfig(do_sample=True, max_new_tokens=new, **sampling)
-        torch.cuda.synchronize()
+        sync()
         began = time.perf_counter()
         with torch.no_grad():
             native.generate(prompts, generation, eos_ids=[], pad_id=0)
-        torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - began
 
     for batch in args.batches:
         prompts = ids(batch)
-        torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         first = native_run(prompts, args.tokens) + native_run(prompts, 2)  # compiles and captures both shapes
         per_step = [(native_run(prompts, args.tokens) - native_run(prompts, 2)) / (args.tokens - 2) for _ in range(3)]
         ms = 1000 * statistics.median(per_step)
         steady = ms / 1000 * (args.tokens - 2) + 2 * native_run(prompts, 2)
         figures = {"native_ms": ms, "native_first_calls_s": first, "native_compile_and_capture_s": first - steady,
-                   "native_peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9}
+                   "native_peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None}
         results["batches"][str(batch)] = figures
-        say(f"native, batch {batch}: {ms:.2f} ms per decode step ({ms / floor_ms:.1f} x floor), first calls "
-            f"{first:.1f} s, peak allocated {figures['native_peak_allocated_gb']:.1f} GB")
+        say(f"native, batch {batch}: {ms:.2f} ms per decode step ({over(ms)}), first calls "
+            f"{first:.1f} s, peak allocated {figures['native_peak_allocated_gb'] or float('nan'):.1f} GB")
         save()
     if not args.vllm:
         return
@@ -117,7 +123,7 @@ def main() -> None:
             figures["vllm_ms"] = ms
             if "native_ms" in figures:
                 figures["native_over_vllm"] = figures["native_ms"] / ms
-            say(f"vllm, batch {batch}: {ms:.2f} ms per decode step ({ms / floor_ms:.1f} x floor)" +
+            say(f"vllm, batch {batch}: {ms:.2f} ms per decode step ({over(ms)})" +
                 (f"; native / vllm {figures['native_over_vllm']:.2f}" if "native_over_vllm" in figures else ""))
             save()
 

@@ -169,3 +169,25 @@ def test_the_warm_up_compiles_for_the_longest_prompt_and_leaves_the_random_strea
     (state,) = native._states.values()
     native.generate(prompts, generation, [tokenizer.eos_token_id], tokenizer.pad_token_id)
     assert list(native._states.values()) == [state]  # the same cache: long enough
+
+
+def test_the_decode_benchmark_runs_and_writes_its_figures(tmp_path):
+    """benchmarks/native_decode.py as a smoke run on the CPU, on a small Qwen3 shape (its figures are the GPU's)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    architecture = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 16, "hidden_act": "silu",
+                    "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 512,
+                    "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+                    "tie_word_embeddings": True, "use_sliding_window": False, "vocab_size": 256}
+    (tmp_path / "shape.json").write_text(json.dumps(architecture))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "native_decode.py"), "--device", "cpu",
+                           "--architecture", str(tmp_path / "shape.json"), "--batches", "2", "--prompt", "8",
+                           "--tokens", "12", "--out", str(tmp_path / "figures.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    assert figures["batches"]["2"]["native_ms"] > 0 and figures["bandwidth_floor_ms"] is None
