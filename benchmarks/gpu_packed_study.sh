@@ -26,9 +26,17 @@ yaml.safe_dump(config, open(sys.argv[1], "w"), sort_keys=False)
 PY
 start=$(date +%s)
 echo "started $start" > "$out/progress.log"
+# The device's and the machine's load while the study runs, every 10 s (where the time goes when jobs wait)
+( echo "s,gpu_memory_mib,gpu_utilisation_pct,load_1min"
+  while sleep 10; do
+    echo "$(( $(date +%s) - start )),$(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader,nounits \
+      2>/dev/null | head -1 | tr -d ' '),$(cut -d' ' -f1 /proc/loadavg)"
+  done ) > "$out/gpu.csv" &
+sampler=$!
 python3 -m snakemake results/grpo_equivalence.md --cores "${CORES:-16}" --resources gpu=1 --config study="$out/study.yaml" \
   --keep-going > "$out/snakemake.log" 2>&1
 echo "snakemake exit $?" >> "$out/progress.log"
+kill "$sampler" 2>/dev/null
 echo "makespan_s $(( $(date +%s) - start ))" | tee -a "$out/snakemake.log" >> "$out/progress.log"
 cp results/grpo_equivalence.md "$out/" 2>/dev/null
 mkdir -p "$out/stats" "$out/rollout" "$out/logs" "$out/figures"
