@@ -163,6 +163,22 @@ def test_speed_runs_last_needs_a_memory_setting(tiny_config):
     check(tiny_config)
 
 
+def test_speed_runs_last_wait_for_every_packed_run_so_that_the_gpu_is_emptied_once(tmp_path):
+    config = tiny_packed(jobs_per_gpu=3, memory_gb=2.0, speed_runs="last")
+    config.update(backends=["hf", "hf_static"], reference="hf", steps=[4, 5], replicates={"reference": 3, "others": 2})
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                             str(tmp_path), "-n", "results/stats/grpo_hf_static_4.json", "--resources", "gpu=1",
+                             "--config", f"study={tmp_path / 'study.yaml'}"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    planned = {line.split(":", 1)[1].strip() for line in result.stdout.splitlines() if line.strip().startswith("output:")}
+    # One backend's speed run waits for the other seeds of every backend and step count, and for no speed run
+    assert {f"results/stats/grpo_{b}_{n}_seed{s}.json" for b, seeds in (("hf", (3408, 3409)), ("hf_static", (3408,)))
+            for n in (4, 5) for s in seeds} <= planned
+    assert {p for p in planned if p.startswith("results/stats/grpo_") and "seed" not in p} == {
+        "results/stats/grpo_hf_static_4.json"}
+
+
 @pytest.mark.workflow
 def test_speed_runs_last_run_alone_after_the_other_seeds(tmp_path, tiny_into):
     tiny_into(tmp_path)

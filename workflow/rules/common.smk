@@ -197,10 +197,11 @@ def measured_first(backend, steps):
 
 
 def speed_run_last(backend, steps):
-    """With speed_runs: last, the study's seed run waits for the backend's other seeds (which compiled what it
-    needs), so that it runs alone with warm caches."""
+    """With speed_runs: last, the study's seed run waits for the other seeds (which compiled what it needs), so
+    that it runs alone with warm caches: the other seeds of every backend and step count, not only its own. A run
+    alone empties its GPU first, and speed runs let in between packed ones would empty it once for each."""
     if PACKS and config["gpu_sharing"]["speed_runs"] == "last":
-        return {"measured": [ancient(p) for p in runs_of(backend, steps)[1:]]}
+        return {"measured": [ancient(p) for b in BACKENDS for n in STEPS for p in runs_of(b, n)[1:]]}
     return {}
 
 
