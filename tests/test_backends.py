@@ -169,13 +169,12 @@ def test_a_vllm_engine_start_that_saw_a_neighbour_free_memory_is_tried_again(mon
     assert len(attempts) == 2
 
 
-def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_its_plan_beside_others(monkeypatch,
-                                                                                                   tmp_path):
-    """The first engine of a compile-cache folder profiles holding the quiet lock exclusively and records vLLM's
-    startup plan; later ones apply the plan whatever the free memory (the lease holds their share) and hold the
-    lock shared; one whose settings have no plan takes the lock exclusively before its memory snapshot; one that
-    found out only later starts again exclusively. Stand-ins for vLLM's LLM, its worker and its plan module, each
-    doing what vLLM 0.26 does at those points (vLLM is not installed here)."""
+@pytest.fixture
+def vllm_standins(monkeypatch, tmp_path):
+    """Stand-ins for vLLM's LLM, its worker and its plan module, each doing what vLLM 0.26 does at those points
+    (vLLM is not installed here), with start_engines_quietly applied and a lease's quiet lock: what each engine
+    start saw (seen: the lock at its memory snapshot, the lock at profiling, whether it profiled) and the free
+    memory of each start (starts); fingerprint sets the settings' fingerprint at the snapshot and at profiling."""
     import fcntl
     import json
 
@@ -250,6 +249,20 @@ def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_i
     monkeypatch.setattr(_vllm.time, "sleep", lambda s: None)
     monkeypatch.setenv(gpus.QUIET_ENV, str(quiet))
     _vllm.start_engines_quietly()
+    return types.SimpleNamespace(LLM=LLM, seen=seen, starts=starts, fingerprint=fingerprint, cache=cache,
+                                 startup_plan=startup_plan, plan_path=plan_path, lock_mode=lock_mode)
+
+
+def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_its_plan_beside_others(monkeypatch,
+                                                                                                   vllm_standins):
+    """The first engine of a compile-cache folder profiles holding the quiet lock exclusively and records vLLM's
+    startup plan; later ones apply the plan whatever the free memory (the lease holds their share) and hold the
+    lock shared; one whose settings have no plan takes the lock exclusively before its memory snapshot; one that
+    found out only later starts again exclusively."""
+    from grpo_equivalence import gpus
+
+    v = vllm_standins
+    LLM, seen, starts, fingerprint, startup_plan = v.LLM, v.seen, v.starts, v.fingerprint, v.startup_plan
     LLM(free=100)  # the first: profiles, alone
     LLM(free=40)  # less free memory than the plan's baseline, which vLLM's own gate would refuse: applies it
     fingerprint.update(init="settings-b", apply="settings-b")  # a plan is there, for other settings
@@ -262,6 +275,45 @@ def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_i
     monkeypatch.delenv(gpus.QUIET_ENV)  # no lease: vLLM's gate as it is
     assert startup_plan._applicable_kv_cache_memory_bytes({"kv_cache_memory_bytes": 7, "free_memory_baseline": 100},
                                                           40) is None
+
+
+def test_a_vllm_engine_waits_for_the_one_measuring_its_settings_and_then_applies_its_plan(vllm_standins, capsys):
+    """While another engine of the compile-cache folder measures (it holds the folder's measuring lock and no plan is
+    recorded), a starting engine waits there, holding no lock of the GPU, and then applies the recorded plan with
+    the GPU's lock shared instead of measuring in its turn. One whose measuring engine died (no plan recorded when
+    the lock comes free) measures itself."""
+    import fcntl
+    import json
+    import threading
+
+    from grpo_equivalence.backends import _vllm
+
+    v = vllm_standins
+    folder = v.cache / "startup_plan"
+    folder.mkdir(parents=True)
+    measuring = open(folder / _vllm.MEASURING, "a")
+    fcntl.flock(measuring, fcntl.LOCK_EX)  # another process's engine, measuring
+    gpu_locks = []
+
+    def finish_measuring():
+        gpu_locks.append(v.lock_mode())  # the waiting engine holds no lock of the GPU meanwhile
+        v.plan_path("settings-a").write_text(json.dumps({"kv_cache_memory_bytes": 7, "free_memory_baseline": 100}))
+        measuring.close()
+
+    timer = threading.Timer(0.5, finish_measuring)
+    timer.start()
+    v.LLM(free=100)
+    timer.join()
+    assert gpu_locks == ["shared"]  # free: neither taken nor waited for
+    assert v.seen == [("shared", "shared", False)] and v.starts == [100]
+    assert "for the first vLLM engine of these settings to measure the GPU's memory" in capsys.readouterr().out
+    v.fingerprint.update(init="settings-d", apply="settings-d")
+    v.plan_path("settings-a").unlink()
+    dead = open(folder / _vllm.MEASURING, "a")
+    fcntl.flock(dead, fcntl.LOCK_EX)
+    threading.Timer(0.2, dead.close).start()  # died before it recorded a plan
+    v.LLM(free=100)
+    assert v.seen[-1] == ("exclusive", "exclusive", True)
 
 
 def test_trl_vllm_loads_with_transformers_and_peft(monkeypatch):

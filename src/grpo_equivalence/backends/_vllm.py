@@ -1,5 +1,6 @@
 """What the two vLLM backends share: TRL's colocated-vLLM settings and the engine's process environment."""
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -79,7 +80,10 @@ def start_engines_quietly() -> None:
     memory snapshot) holds the lock exclusively from there; one that finds out only later starts again. On a
     shared GPU the plan applies whatever the device's free memory is now: vLLM's own gate (no less free memory
     than when the plan was recorded) assumes a device with no neighbours, and the lease already holds this job's
-    share (vLLM checks at start that its share is free)."""
+    share (vLLM checks at start that its share is free). An engine that finds no plan recorded waits, holding no
+    lock of the GPU, while another engine of its compile-cache folder measures (_measured_once): with a dozen
+    packed runs starting at once, each of them would otherwise measure in turn, and every job beside them wait
+    to load or to end."""
     from vllm.entrypoints.llm import LLM
 
     from .. import gpus
@@ -94,22 +98,52 @@ def start_engines_quietly() -> None:
             plans.append(_startup_plans())
             if plans[0] is not None:
                 _follow_plans(*plans[0])
-        measuring = plans[0] is None or not _plan_recorded()
-        for attempt in range(1, ATTEMPTS + 1):
-            with gpus.quiet(measuring=measuring):
-                try:
-                    return original(self, *args, **kwargs)
-                except (AssertionError, RuntimeError) as error:  # a neighbour freed memory while vLLM measured it
-                    if not (PROFILING_RACE in str(error) or NO_PLAN in str(error)) or attempt == ATTEMPTS:
-                        raise
-                    print(f"vLLM's engine start must measure the GPU's memory ({str(error).splitlines()[0][:120]}; "
-                          f"attempt {attempt} of {ATTEMPTS}); starting it again alone", flush=True)
-            _free_failed_start()
-            measuring = True
-            time.sleep(2.0 * attempt)
+        with _measured_once(plans[0] is not None):
+            measuring = plans[0] is None or not _plan_recorded()
+            for attempt in range(1, ATTEMPTS + 1):
+                with gpus.quiet(measuring=measuring):
+                    try:
+                        return original(self, *args, **kwargs)
+                    except (AssertionError, RuntimeError) as error:  # a neighbour freed memory while vLLM measured
+                        if not (PROFILING_RACE in str(error) or NO_PLAN in str(error)) or attempt == ATTEMPTS:
+                            raise
+                        print(f"vLLM's engine start must measure the GPU's memory ({str(error).splitlines()[0][:120]}; "
+                              f"attempt {attempt} of {ATTEMPTS}); starting it again alone", flush=True)
+                _free_failed_start()
+                measuring = True
+                time.sleep(2.0 * attempt)
 
     init.starts_quietly = True
     LLM.__init__ = init
+
+
+MEASURING = ".measuring.lock"  # beside the startup plans: held by the engine of a folder that measures
+
+
+@contextlib.contextmanager
+def _measured_once(plans: bool):
+    """Around an engine start: where this vLLM records startup plans (`plans`) and none is recorded in this
+    compile-cache folder yet, holds the folder's measuring lock, after waiting for the engine that holds it; an
+    engine that then finds a plan recorded lets it go and applies the plan. Takes no lock of the GPU, so that the
+    engine measuring is not kept waiting by the ones waiting here. An engine that dies lets its lock go with it,
+    and the next one measures instead."""
+    import fcntl
+
+    if not plans or _plan_recorded():
+        yield
+        return
+    import vllm.envs as envs
+
+    folder = Path(envs.VLLM_CACHE_ROOT) / "startup_plan"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / MEASURING, "a") as handle:
+        began = time.monotonic()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        if _plan_recorded():
+            handle.close()
+            print(f"waited {time.monotonic() - began:.0f} s for the first vLLM engine of these settings to measure "
+                  f"the GPU's memory", flush=True)
+        yield
 
 
 def _free_failed_start() -> None:
