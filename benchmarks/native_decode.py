@@ -99,14 +99,16 @@ def main() -> None:
         save()
     if not args.vllm:
         return
+    architectures = [type(base).__name__]  # vLLM picks its runner from these: without them, a pooling model
     del native, model, base
     torch.cuda.empty_cache()
     from vllm import LLM, SamplingParams
 
     with tempfile.TemporaryDirectory() as folder:
+        config.architectures = architectures
         config.save_pretrained(folder)
         llm = LLM(model=folder, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-                  max_model_len=args.prompt + args.tokens, gpu_memory_utilization=0.6)
+                  runner="generate", max_model_len=args.prompt + args.tokens, gpu_memory_utilization=0.6)
 
         def vllm_run(prompts, new):
             params = SamplingParams(max_tokens=new, min_tokens=new, ignore_eos=True, detokenize=False, **sampling)
