@@ -96,6 +96,28 @@ def test_unsloth_loaders_use_the_same_lora_as_the_vanilla_backends(mock_unsloth,
     assert loaded.model == "peft-model" and loaded.peft_config is None
 
 
+def test_unsloth_sizes_the_vllm_engine_from_the_devices_total_memory_not_what_its_neighbours_left(mock_unsloth,
+                                                                                                   monkeypatch):
+    """Unsloth derives the engine's share and batch limits from unsloth_zoo.vllm_utils.get_mem_info (free, total):
+    while the vllm backend loads it reads the total as free, and the measurement is back afterwards. Stand-in for
+    unsloth_zoo.vllm_utils (Unsloth needs CUDA)."""
+    zoo = types.SimpleNamespace(get_mem_info=lambda: (30, 140))  # 30 of 140 left free by the jobs beside this one
+    monkeypatch.setitem(sys.modules, "unsloth_zoo", types.SimpleNamespace(vllm_utils=zoo))
+    monkeypatch.setitem(sys.modules, "unsloth_zoo.vllm_utils", zoo)
+    seen = []
+    original = MockFastLanguageModel.from_pretrained.__func__
+
+    def from_pretrained(cls, **kwargs):
+        seen.append(zoo.get_mem_info())
+        return original(cls, **kwargs)
+
+    monkeypatch.setattr(MockFastLanguageModel, "from_pretrained", classmethod(from_pretrained))
+    backends.get("vllm").load(spec(gpu_memory_utilization=0.1))
+    assert seen == [(140, 140)] and zoo.get_mem_info() == (30, 140)
+    backends.get("unsloth_fi_false").load(spec())  # no engine: Unsloth reads the device as it is
+    assert seen == [(140, 140), (30, 140)]
+
+
 def test_vllm_absent_is_named_with_the_fix(monkeypatch):
     import importlib.util
 

@@ -32,6 +32,33 @@ def prepare_process() -> None:
         os.environ["MASTER_PORT"] = str(free_port())
 
 
+@contextlib.contextmanager
+def sized_from_total_memory():
+    """Around Unsloth's model load with fast_inference: Unsloth sizes the engine it starts from the device's free
+    memory at that moment (gpu_memory_utilization times what is free, and from what that leaves for the KV cache
+    the chunked-prefill budget and the most sequences at once), so on a shared GPU each run's engine got other
+    settings, set by its neighbours (on one H200: a share of 6.3 % to 9.9 % of the GPU, a budget of 4096 or 6144
+    tokens, 32 to 64 sequences), and a startup plan recorded by one fit none of the others. Here Unsloth reads the
+    device's total memory as free: every run's engine has the study's share and the settings an empty device
+    gives it (vLLM still checks at its start that the share is free, which the lease holds)."""
+    try:
+        from unsloth_zoo import vllm_utils
+    except ImportError:
+        yield
+        return
+    measured = vllm_utils.get_mem_info
+
+    def total_as_free():
+        _, total = measured()
+        return total, total
+
+    vllm_utils.get_mem_info = total_as_free
+    try:
+        yield
+    finally:
+        vllm_utils.get_mem_info = measured
+
+
 def free_port() -> int:
     import socket
 

@@ -15,7 +15,8 @@ class UnslothVLLM(UnslothBackend):
         return _vllm.fraction(options, DEFAULT_FRACTION)
 
     def load(self, spec):
-        return super().load(spec, gpu_memory_utilization=_vllm.fraction(spec.options, DEFAULT_FRACTION))
+        with _vllm.sized_from_total_memory():  # the engine's settings must not depend on the GPU's neighbours
+            return super().load(spec, gpu_memory_utilization=_vllm.fraction(spec.options, DEFAULT_FRACTION))
 
     def grpo_overrides(self, options: dict) -> dict:
         # Unsloth sets these itself when the model carries a vLLM engine; set explicitly so the
