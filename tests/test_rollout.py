@@ -87,6 +87,9 @@ def test_an_unknown_fault_is_refused_with_the_list():
     assert backends.get("hf+no_min_p").name == "hf+no_min_p" and backends.get("hf+no_min_p").stack == "TRL + PEFT"
 
 
+HOT = (18, 19, 20)  # seeds of the native decoder run hot (temperature_up)
+
+
 @pytest.fixture(scope="module")
 def checks(primed, tiny_study, tmp_path_factory):
     """The tiny study's rollout check (its own settings) of hf at two seeds and of hf with each sampling fault."""
@@ -102,7 +105,7 @@ def checks(primed, tiny_study, tmp_path_factory):
     out = tmp_path_factory.mktemp("rollout")
     runs = {}
     for name, seed in [("hf", 11), ("hf", 12), *[(f"hf+{f}", 13 + i) for i, f in enumerate(
-            ("temperature_up", "no_min_p", "no_top_k"))], ("native", 17), ("native+temperature_up", 18)]:
+            ("temperature_up", "no_min_p", "no_top_k"))], ("native", 17), *[("native+temperature_up", s) for s in HOT]]:
         runs[(name, seed)] = rollout.check(config, name, model_path=primed["model"], dataset=primed["dataset"],
                                            out=out / f"{name}_{seed}.json", seed=seed, log=lambda message: None)
     return runs
@@ -134,10 +137,13 @@ def test_two_seeds_sample_differently_from_the_same_weights_and_prompts(checks):
 
 @pytest.mark.workflow
 def test_the_native_decoder_samples_as_hf_and_the_check_catches_it_running_hot(checks):
-    """The project's own decoder (backend native) against transformers' generate(), at the same weights."""
+    """The project's own decoder (backend native) against transformers' generate(), at the same weights. The hot
+    decoder at three seeds, caught at two at least: one seed's check misses it now and then (a power below 1, as
+    docs/faults measures), and which seed does moves with the packages' versions."""
     comparisons = [rollout_verdict.compare(checks[("hf", 11)], checks[(name, seed)], alpha=0.05, support_margin=0.001,
-                                           margin_sd=0.1) for name, seed in (("native", 17), ("native+temperature_up", 18))]
+                                           margin_sd=0.1)
+                   for name, seed in (("native", 17), *[("native+temperature_up", s) for s in HOT])]
     rollout_verdict.finalize(comparisons, 0.05)
-    native, hot = comparisons
+    native, *hot = comparisons
     assert native["verdict"] != verdict.DIVERGENT, native["tests"]
-    assert hot["verdict"] == verdict.DIVERGENT, hot["tests"]
+    assert sum(c["verdict"] == verdict.DIVERGENT for c in hot) >= 2, [c["tests"] for c in hot]
