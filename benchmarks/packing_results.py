@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from grpo_equivalence import report, runs as run_files, summary  # noqa: E402
+from grpo_equivalence import report, runs as run_files, summary, verdict  # noqa: E402
 
-DECIDING = ("kl", "reward", "completion_length")
+DECIDING = verdict.HEADLINE  # the cells a study is asked to decide
 
 
 def main(argv=None) -> dict:

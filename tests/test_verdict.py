@@ -23,7 +23,7 @@ def bound(rate: float, trials: int) -> float:
 @pytest.mark.parametrize("runs", [3, 5, 12])
 def test_two_seeds_of_one_process_are_called_divergent_at_most_alpha_of_the_time(runs):
     rate = calibration.any_divergent_rate(PROCESS, metrics=METRICS, reference_runs=runs, candidate_runs=runs,
-                                          trials=1000, seed=1)
+                                          trials=1000, seed=1, headline=len(verdict.HEADLINE))
     assert rate <= bound(verdict.ALPHA, 1000), rate
 
 
@@ -105,6 +105,31 @@ def test_holm_over_a_family_is_stricter_than_each_test_alone():
     weak = dict(one, p_value=one["alpha"] * 0.9)
     family = verdict.finalize([weak] + [dict(one, p_value=0.5) for _ in range(9)])
     assert family[0]["verdict"] != verdict.DIVERGENT and family[0]["family_size"] == 10
+
+
+def test_weighted_holm_gives_the_headline_tests_their_share_of_alpha():
+    assert verdict.holm([0.01, 0.04, 0.03], 0.05, [1.0, 1.0, 1.0]) == verdict.holm([0.01, 0.04, 0.03], 0.05)
+    # one headline test among nine others: 0.8 of alpha for it at Holm's first step, not a tenth
+    p = [0.03] + [0.5] * 9
+    assert verdict.holm(p, 0.05) == [False] * 10
+    assert verdict.holm(p, 0.05, verdict.headline_weights([True] + [False] * 9))[0]
+    assert not verdict.holm([0.041] + [0.5] * 9, 0.05, verdict.headline_weights([True] + [False] * 9))[0]
+    # a rejection passes its weight on: the other test then gets all of alpha
+    assert verdict.holm([0.001, 0.049], 0.05, [0.8, 0.2]) == [True, True]
+    assert verdict.headline_weights([True, True]) == [1.0, 1.0]
+
+
+def test_a_report_weights_its_headline_cells_and_says_so():
+    one = verdict.judge([0.0, 1.0, 2.0, 0.5, 1.5], [3.0, 4.1, 5.0, 3.6, 4.4], reference_seeds=[1, 2, 3, 4, 5],
+                        candidate_seeds=[1, 2, 3, 4, 5])
+    # p just below the look's alpha x 0.8 / 3: divergent as one of three headline tests beside 12 others, not
+    # in an unweighted family of 15
+    family = lambda: [dict(one, p_value=one["alpha"] * 0.8 / 3 * 0.99)] + [dict(one, p_value=0.5)  # noqa: E731
+                                                                          for _ in range(14)]
+    weighted = verdict.finalize(family(), [True, True, True] + [False] * 12)
+    assert weighted[0]["verdict"] == verdict.DIVERGENT and weighted[0]["headline"]
+    assert "the 3 headline tests sharing 80% of it" in weighted[0]["reason"]
+    assert verdict.finalize(family())[0]["verdict"] != verdict.DIVERGENT
 
 
 def test_each_metric_is_summarised_as_planned():

@@ -54,7 +54,7 @@ class Process:
 
 
 def rates(process: Process, *, shift_sd: float, reference_runs: int, candidate_runs: int, trials: int,
-          seed: int = 0, alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, tests: int = 1) -> dict[str, float]:
+          seed: int = 0, alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, tests: float = 1) -> dict[str, float]:
     """The share of each verdict over `trials` synthetic comparisons of one metric, the candidate shifted by
     `shift_sd` standard deviations of a run mean (judged as one of `tests` metrics)."""
     rng = random.Random(seed)
@@ -68,20 +68,28 @@ def rates(process: Process, *, shift_sd: float, reference_runs: int, candidate_r
 
 
 def any_divergent_rate(process: Process, *, metrics: int, reference_runs: int, candidate_runs: int, trials: int,
-                       seed: int = 0) -> float:
+                       seed: int = 0, headline: int = 0) -> float:
     """How often a candidate that is another seed of the reference is called divergent on at least one of
-    `metrics` independent metrics judged together."""
+    `metrics` independent metrics judged together, the first `headline` of them weighted as headline tests."""
     rng = random.Random(seed)
     seeds = dict(reference_seeds=list(range(reference_runs)), candidate_seeds=list(range(candidate_runs)))
+    marks = [i < headline for i in range(metrics)]
     hits = 0
     for _ in range(trials):
         judged = [verdict.judge(*process.pair(rng, reference_runs, candidate_runs), **seeds) for _ in range(metrics)]
-        hits += any(v["verdict"] == verdict.DIVERGENT for v in verdict.finalize(judged))
+        hits += any(v["verdict"] == verdict.DIVERGENT for v in verdict.finalize(judged, marks))
     return hits / trials
 
 
+def family_tests(metrics: int, headline: int, is_headline: bool) -> float:
+    """The unweighted family size that gives one test the alpha Holm's first step gives it in a family of `metrics`
+    tests, `headline` of them headline tests (verdict.headline_weights)."""
+    weights = verdict.headline_weights([i < headline for i in range(metrics)])
+    return sum(weights) / weights[0 if is_headline else metrics - 1]
+
+
 def detected_shift(process: Process, *, reference_runs: int, candidate_runs: int, trials: int, power: float = 0.8,
-                   tests: int = 1, seed: int = 0) -> float | None:
+                   tests: float = 1, seed: int = 0) -> float | None:
     """The smallest shift (in run-mean standard deviations, on a 0.25 grid up to 20) called divergent in at
     least `power` of the trials."""
     for quarter in range(0, 81):

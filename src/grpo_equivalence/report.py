@@ -90,10 +90,13 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
                        "backends": sorted(runs), "mismatch": any(row.get("sampler_mismatch") for row in rows),
                        "seeds": {backend: [r["seed"] for r in group] for backend, group in sorted(runs.items())},
                        "gpu_sharing": gpu_sharing(runs)})
-    verdict.finalize([pair["metrics"][m]["verdict"] for table in tables for pair in table["pairs"] + table["stack_pairs"]
-                      for m in COMPARED] +
-                     [f["verdict"] for table in tables for pair in table["pairs"] + table["stack_pairs"]
-                      for f in pair.get("reward_functions", {}).values()])
+    # One family: every metric and reward function of every comparison, the candidates' headline metrics against the
+    # reference weighted as verdict.HEADLINE_SHARE says
+    family = [(pair["metrics"][m]["verdict"], kind == "pairs" and m in verdict.HEADLINE)
+              for table in tables for kind in ("pairs", "stack_pairs") for pair in table[kind] for m in COMPARED]
+    family += [(f["verdict"], False) for table in tables for pair in table["pairs"] + table["stack_pairs"]
+               for f in pair.get("reward_functions", {}).values()]
+    verdict.finalize([v for v, _ in family], [h for _, h in family])
     return tables
 
 

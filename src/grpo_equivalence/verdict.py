@@ -17,7 +17,11 @@ give the seed-to-seed standard deviation s of that summary (pooled over both bac
   alpha of the last planned look at or below n, and says when the next look is and its power.
 - equivalent: the equivalence test rejects |d| >= margin at the look's alpha;
 - divergent: otherwise, if the test of d = 0 rejects at the look's alpha after Holm's correction over the
-  family judged together (the metrics of one comparison here; every metric of every candidate in a report);
+  family judged together (the metrics of one comparison here; every metric of every candidate in a report).
+  The correction is weighted: the headline tests (HEADLINE metrics of a candidate against the reference, the
+  question a study asks) share HEADLINE_SHARE of alpha, every other test of the family the rest, so that the
+  family-wise error over everything the report judges stays at alpha while a report of many metrics, reward
+  functions and trainer-stack comparisons does not dilute its headline;
 - inconclusive: neither; also with fewer than 2 runs of the reference and fewer than 2 shared seeds;
 - not logged: a run lacks the metric (never 0).
 
@@ -37,6 +41,10 @@ ALPHA = 0.05
 MARGIN = 1.0  # in standard deviations of a seed-to-seed difference
 LOOKS = (3, 5, 8, 12)  # runs per backend at which a verdict is planned; alpha is split equally between them
 POWER_LEVEL = 0.8
+# The cells a study is asked to decide (kl, reward, completion length of each candidate against the reference), and
+# the share of the family's alpha their tests carry in Holm's weighted correction; fixed before any run is seen.
+HEADLINE = ("kl", "reward", "completion_length")
+HEADLINE_SHARE = 0.8
 
 
 def _log_mean(values: list[float]) -> float:
@@ -103,7 +111,7 @@ def _normal_cdf(x: float) -> float:
 
 
 def judge(reference_means: list[float], candidate_means: list[float], *, alpha: float = ALPHA,
-          margin: float = MARGIN, tests: int = 1, reference_seeds: list[int] | None = None,
+          margin: float = MARGIN, tests: float = 1, reference_seeds: list[int] | None = None,
           candidate_seeds: list[int] | None = None) -> dict:
     """The verdict on one metric from the run summaries of the reference's and the candidate's runs (seeds, where
     given, pair them); `tests` is the number of metrics judged together (Holm over them: use finalize for a
@@ -158,12 +166,12 @@ def judge(reference_means: list[float], candidate_means: list[float], *, alpha: 
             **_next_power(evidence, pairs if paired else [], s, bound, alpha)}
 
 
-def _decide(evidence: dict, divergent: bool, look_alpha: float, tests: int) -> dict:
+def _decide(evidence: dict, divergent: bool, look_alpha: float, tests: float) -> dict:
     """The verdict from a test's p-value and equivalence result, at the look's alpha over `tests` hypotheses."""
     where = f"look {evidence['look']} of {evidence['looks']}, alpha {look_alpha:.3g}"
     if divergent:
         return {"verdict": DIVERGENT,
-                "reason": f"p = {evidence['p_value']:.2g} <= {look_alpha:.3g}" + (f"/{tests}" if tests > 1 else "")
+                "reason": f"p = {evidence['p_value']:.2g} <= {look_alpha:.3g}" + (f"/{tests:.3g}" if tests > 1 else "")
                 + f" ({evidence['design']}, {where})"}
     if evidence["equivalent"]:
         return {"verdict": EQUIVALENT, "reason": f"within the margin ({evidence['design']}, {where})"}
@@ -177,7 +185,7 @@ def _decide(evidence: dict, divergent: bool, look_alpha: float, tests: int) -> d
 BEYOND = 200  # the most runs of each backend _beyond_plan considers
 
 
-def _beyond_plan(evidence: dict, alpha: float, tests: int) -> str:
+def _beyond_plan(evidence: dict, alpha: float, tests: float) -> str:
     """What an open verdict at the last planned look would need: about how many runs of each backend a new study,
     planned with the same alpha at its last look, would need at the measured difference and spread to show it
     divergent, and, where the difference is within the margin, equivalent (estimates from these runs, not
@@ -237,28 +245,50 @@ def judge_runs(reference_runs: list[dict], candidate_runs: list[dict], metric: s
     return {**result, "summary": SUMMARIES[metric][0] if metric in SUMMARIES else SUMMARIES["loss"][0]}
 
 
-def holm(p_values: list[float], alpha: float) -> list[bool]:
-    """Holm's step-down: which hypotheses are rejected, family-wise error at most alpha."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    rejected = [False] * len(p_values)
-    for rank, i in enumerate(order):
-        if p_values[i] > alpha / (len(p_values) - rank):
+def holm(p_values: list[float], alpha: float, weights: list[float] | None = None) -> list[bool]:
+    """Holm's step-down, weighted (Holm 1979): which hypotheses are rejected, family-wise error at most alpha. The
+    hypothesis of the smallest p / weight among those left is rejected while its p is at most alpha x its weight
+    over the weights left; equal weights give the plain procedure."""
+    weights = weights or [1.0] * len(p_values)
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i] / weights[i])
+    rejected, left = [False] * len(p_values), sum(weights)
+    for i in order:
+        if p_values[i] > alpha * weights[i] / left:
             break
-        rejected[i] = True
+        rejected[i], left = True, left - weights[i]
     return rejected
 
 
-def finalize(verdicts: list[dict]) -> list[dict]:
+def headline_weights(headline: list[bool]) -> list[float]:
+    """Holm's weights for a family whose headline tests share HEADLINE_SHARE of alpha (equal where all or none are)."""
+    count = sum(headline)
+    if count in (0, len(headline)):
+        return [1.0] * len(headline)
+    rest = len(headline) - count
+    return [HEADLINE_SHARE / count if h else (1 - HEADLINE_SHARE) / rest for h in headline]
+
+
+def finalize(verdicts: list[dict], headline: list[bool] | None = None) -> list[dict]:
     """The verdicts judged together (every metric of every comparison of a report): divergence by Holm over the
-    whole family at the smallest look alpha among them; equivalence as each test found it. Changes them in place."""
-    judged = [v for v in verdicts if v["verdict"] != NOT_LOGGED and "look" in v and v["look"] > 0 and "equivalent" in v]
+    whole family at the smallest look alpha among them, weighted so that the tests `headline` marks share
+    HEADLINE_SHARE of it; equivalence as each test found it. Changes them in place."""
+    marks = headline if headline is not None else [False] * len(verdicts)
+    judged = [(v, h) for v, h in zip(verdicts, marks, strict=True)
+              if v["verdict"] != NOT_LOGGED and "look" in v and v["look"] > 0 and "equivalent" in v]
     if not judged:
         return verdicts
-    family_alpha = min(v["alpha"] for v in judged)
-    for v, divergent in zip(judged, holm([v["p_value"] for v in judged], family_alpha), strict=True):
-        v.update(_decide(v, divergent, family_alpha, len(judged)), family_size=len(judged))
+    family_alpha = min(v["alpha"] for v, _ in judged)
+    weights = headline_weights([h for _, h in judged])
+    total, size = sum(weights), len(judged)
+    headlines = sum(h for _, h in judged)
+    share = (f", the {headlines} headline tests sharing {HEADLINE_SHARE:.0%} of it"
+             if 0 < headlines < size else "")
+    rejected = holm([v["p_value"] for v, _ in judged], family_alpha, weights)
+    for (v, h), weight, divergent in zip(judged, weights, rejected, strict=True):
+        # as many tests as would give this one its weight's share of alpha in an unweighted family
+        v.update(_decide(v, divergent, family_alpha, total / weight), family_size=size, headline=bool(h))
         if divergent:
-            v["reason"] = f"p = {v['p_value']:.2g}, Holm over {len(judged)} tests at {family_alpha:.3g} ({v['design']})"
+            v["reason"] = f"p = {v['p_value']:.2g}, Holm over {size} tests at {family_alpha:.3g}{share} ({v['design']})"
     return verdicts
 
 
