@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # The tiny study packed on one GPU: all six backends at STEPS steps (default 30), SEEDS seeds each (default 8,
-# paired: seeds 3407.. for every backend), vllm the reference, the rollout check of every backend, up to JOBS
-# jobs on the GPU at once (default 16; gpu_sharing), each backend's study-seed run alone on the GPU (its speed
-# and memory are the report's), after the other seeds (SPEED_RUNS=last, the default: with the compile caches
-# they filled) or before them (first: it measures what they ask for), the other seeds packed beside each other,
-# each asking MEMORY_GB of the GPU (default 3; "none": what the backend's alone run measured, with first). Both
-# vLLM engines reserve VLLM_SHARE of the GPU (default 0.1) beside that. Writes the study, report, statistics, rollout checks, logs, versions and
-# the makespan to OUTDIR; benchmarks/packing_results.py OUTDIR turns them into the figures.
+# paired: seeds SEED.. for every backend, SEED by default the tiny study's 3407), vllm the reference, the
+# rollout check of every backend, up to JOBS jobs on the GPU at once (default 16; gpu_sharing), each backend's
+# study-seed run alone on the GPU (its speed and memory are the report's), after the other seeds
+# (SPEED_RUNS=last, the default: with the compile caches they filled) or before them (first: it measures what
+# they ask for), the other seeds packed beside each other, each asking MEMORY_GB of the GPU (default 3; "none":
+# what the backend's alone run measured, with first). Both vLLM engines reserve VLLM_SHARE of the GPU (default
+# 0.1) beside that. Writes the study, report, statistics, rollout checks, logs, versions and the makespan to
+# OUTDIR; benchmarks/packing_results.py OUTDIR turns them into the figures.
 # Usage: benchmarks/gpu_packed_study.sh [OUTDIR]
 set -uo pipefail
 out=$(realpath -m "${1:-results/gpu-packed}")
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 python3 - "$out/study.yaml" "${SEEDS:-8}" "${STEPS:-30}" "${JOBS:-16}" "${VLLM_SHARE:-0.1}" "${SPEED_RUNS:-last}" \
-  "${MEMORY_GB:-3}" <<'PY'
+  "${MEMORY_GB:-3}" "${SEED:-}" <<'PY'
 import sys, yaml
 config = yaml.safe_load(open("studies/tiny.yaml"))
+if sys.argv[8]:  # other seeds than the study's: runs that no earlier version of the method was read on
+    config["grpo"]["seed"] = int(sys.argv[8])
 seeds, steps, jobs, share = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 speed_runs, memory = sys.argv[6], None if sys.argv[7] == "none" else float(sys.argv[7])
 config.update(backends=["vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm"], reference="vllm",

@@ -5,22 +5,28 @@
 # vLLM path (Unsloth's and TRL's), which the check must call divergent. No training.
 # Writes the study, the rollout-check files, their logs and the versions to OUTDIR.
 # Usage: benchmarks/gpu_rollout_check.sh [OUTDIR]
-# Env: BACKENDS (space-separated, default all of the above), ORDER (rollout_check.order, default transformers),
-# CONTROL (1: also the reference at a second seed; default 1).
+# Env: BACKENDS (space-separated, default all of the above), REFERENCE (default vllm), ORDER (rollout_check.order,
+# default transformers), CONTROL (1: also the reference at a second seed; default 1), STUDY (another study file,
+# e.g. studies/speed-4b.yaml, taken as it is but for these settings), PER_CALL (rollout_check.prompts_per_call).
 set -euo pipefail
 out=${1:-results/gpu-rollout}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-python3 - "$out/study.yaml" "${BACKENDS:-}" "${ORDER:-transformers}" <<'PY'
+python3 - "$out/study.yaml" "${BACKENDS:-}" "${ORDER:-transformers}" "${REFERENCE:-vllm}" "${STUDY:-}" \
+  "${PER_CALL:-}" <<'PY'
 import sys, yaml
-config = yaml.safe_load(open("studies/tiny.yaml"))
+study, per_call = sys.argv[5] or "studies/tiny.yaml", sys.argv[6]
+config = yaml.safe_load(open(study))
 backends = sys.argv[2].split() or ["vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm",
                                    "vllm+temperature_up", "trl_vllm+no_min_p"]
 config["rollout_check"] = {**config.get("rollout_check", {}), "order": sys.argv[3]}
-config.update(backends=backends, reference="vllm",
-              steps=[30], gpus_per_train_job=1, dtype="bfloat16", train_threads=4)
-config["backend_options"].update(vllm={"gpu_memory_utilization": 0.3}, trl_vllm={"gpu_memory_utilization": 0.3})
-config["replicates"] = {"reference": 3, "others": 1}
+if per_call:
+    config["rollout_check"]["prompts_per_call"] = int(per_call)
+config.update(backends=backends, reference=sys.argv[4])
+if not sys.argv[5]:  # the H200 example's settings
+    config.update(steps=[30], gpus_per_train_job=1, dtype="bfloat16", train_threads=4)
+    config["backend_options"].update(vllm={"gpu_memory_utilization": 0.3}, trl_vllm={"gpu_memory_utilization": 0.3})
+    config["replicates"] = {"reference": 3, "others": 1}
 yaml.safe_dump(config, open(sys.argv[1], "w"), sort_keys=False)
 PY
 targets=$(python3 - "$out/study.yaml" "${CONTROL:-1}" <<'PY'
@@ -28,7 +34,7 @@ import sys, yaml
 config = yaml.safe_load(open(sys.argv[1]))
 seed = config["grpo"]["seed"]
 print(" ".join([f"results/rollout/{b}.json" for b in config["backends"]]
-               + ([f"results/rollout/vllm_seed{seed + 1}.json"] if sys.argv[2] == "1" else [])))
+               + ([f"results/rollout/{config['reference']}_seed{seed + 1}.json"] if sys.argv[2] == "1" else [])))
 PY
 )
 start=$(date +%s)
