@@ -191,6 +191,50 @@ def test_a_vllm_engine_start_that_saw_a_neighbour_free_memory_is_tried_again(mon
     assert len(attempts) == 2
 
 
+def test_in_a_packed_study_a_vllm_engine_is_told_its_kv_cache_and_measures_nothing(monkeypatch, tmp_path):
+    """Where the jobs of a study share GPUs, an engine whose arguments bound its sequences gets the KV cache they can
+    ever fill (vLLM's kv_cache_memory_bytes: no memory profiling) and starts holding the GPU's quiet lock shared;
+    outside such a study, or where vLLM is left to pick the number of sequences, it measures as before. Stand-in for
+    vLLM's LLM (vLLM is not installed here)."""
+    import fcntl
+
+    from transformers import Qwen3Config
+
+    from grpo_equivalence import gpus
+    from grpo_equivalence.backends import _vllm
+
+    quiet = tmp_path / "gpu-0.quiet"
+    quiet.touch()
+    started = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            with open(quiet) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    mode = "shared"
+                except BlockingIOError:
+                    mode = "exclusive"
+            started.append((kwargs.get("kv_cache_memory_bytes"), mode))
+
+    for name, module in {"vllm": types.ModuleType("vllm"), "vllm.entrypoints": types.ModuleType("vllm.entrypoints"),
+                         "vllm.entrypoints.llm": types.SimpleNamespace(LLM=LLM)}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(_vllm, "_startup_plans", lambda: None)  # a vLLM without startup plans: it would measure
+    Qwen3Config(num_hidden_layers=2, num_key_value_heads=2, num_attention_heads=4, head_dim=8, hidden_size=32,
+                max_position_embeddings=512).save_pretrained(tmp_path / "model")
+    monkeypatch.setenv(gpus.QUIET_ENV, str(quiet))
+    _vllm.start_engines_quietly()
+    engine = dict(model=str(tmp_path / "model"), max_num_seqs=64, max_model_len=250, dtype="bfloat16")
+    LLM(**engine)  # not a packed study
+    monkeypatch.setenv(gpus.SIZED_ENV, "1")
+    LLM(**engine)
+    LLM(**{**engine, "max_model_len": None})  # the model's context, 512 tokens
+    LLM(**{**engine, "max_num_seqs": None})  # vLLM picks how many: nothing bounds the cache
+    # 64 sequences of 16 blocks of 16 tokens, 2 layers x (K and V) x 2 heads x 8 dims x 2 bytes a token
+    assert started == [(None, "exclusive"), (64 * 256 * 128, "shared"), (64 * 512 * 128, "shared"), (None, "exclusive")]
+
+
 @pytest.fixture
 def vllm_standins(monkeypatch, tmp_path):
     """Stand-ins for vLLM's LLM, its worker and its plan module, each doing what vLLM 0.26 does at those points

@@ -90,9 +90,14 @@ def test_a_packed_job_compiles_with_its_own_cores_and_an_alone_job_with_the_mach
     monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
     with gpushare.leased_for_job({**args, "alone": True}) as lease:
         assert lease.need.whole and gpushare.COMPILE_THREADS_ENV not in os.environ
+        assert os.environ[gpus.SIZED_ENV] == "1"  # the vLLM engines of a packing study, alone ones too, are sized
+    assert gpus.SIZED_ENV not in os.environ
     monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
     with gpushare.leased_for_job(args) as lease:
         assert not lease.need.whole and os.environ[gpushare.COMPILE_THREADS_ENV] == "2"
+    monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
+    with gpushare.leased_for_job({**args, "config": {**config, "gpu_sharing": None}, "gpu_sharing": None}):
+        assert gpus.SIZED_ENV not in os.environ  # one job per GPU: vLLM sizes its cache as usual
     monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
     monkeypatch.setenv(gpushare.COMPILE_THREADS_ENV, "8")  # the user's own
     with gpushare.leased_for_job(args):

@@ -352,6 +352,9 @@ def acquire(count: int, need: Need = Need(), *, max_devices: int | None = None, 
 # through the turnstile (gpu-D.turn), so that a stream of loading and ending jobs cannot keep it waiting for
 # ever. QUIET_ENV names the quiet files of this job's devices, for the vLLM backends.
 QUIET_ENV = "GRPO_EQUIVALENCE_GPU_QUIET"
+# Set in every job of a study whose jobs share GPUs (gpushare): its vLLM engines are told their KV cache's size
+# rather than measure the device's memory (backends._vllm.kv_cache_bytes), so that none needs the lock exclusively
+SIZED_ENV = "GRPO_EQUIVALENCE_VLLM_KV_SIZED"
 
 
 def _take_quiet(paths: list[str], measuring: bool) -> list:

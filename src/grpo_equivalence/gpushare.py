@@ -108,7 +108,12 @@ def leased_for_job(args: dict, log=print):
         with gpus.leased(config["gpus_per_train_job"], wanted, max_devices=args.get("max_gpus"), log=log) as lease:
             if lease.source == "lease" and not lease.need.whole:
                 compile_with_own_cores(args.get("threads", 1))
-            yield lease
+            if packs(config):  # every vLLM engine of the study (its alone runs' too) told its KV cache's size
+                os.environ[gpus.SIZED_ENV] = "1"
+            try:
+                yield lease
+            finally:
+                os.environ.pop(gpus.SIZED_ENV, None)
             if lease.source == "lease":
                 gpus.hold_quiet_until_exit()
     except gpus.LeaseFolderError as error:

@@ -75,6 +75,43 @@ ATTEMPTS = 4
 NO_PLAN = "no startup plan applies to this engine"
 
 
+BLOCK = 16  # tokens per vLLM KV-cache block
+
+
+def kv_cache_bytes(engine: dict) -> int | None:
+    """What a vLLM engine of these arguments can ever hold in its KV cache: max_num_seqs sequences of max_model_len
+    tokens (the model's context where not given; whole blocks), at the model's KV width and the cache's dtype; None
+    where the arguments leave the number of sequences to vLLM, or the size would take more than half of the engine's share of the device (then vLLM sizes it
+    as usual, measuring the device's memory)."""
+    from transformers import AutoConfig
+
+    if not engine.get("max_num_seqs") or not engine.get("model"):
+        return None
+    config = AutoConfig.from_pretrained(engine["model"])
+    config = getattr(config, "text_config", None) or config
+    # vLLM's own default context: the model's
+    seqs, length = engine["max_num_seqs"], engine.get("max_model_len") or getattr(config, "max_position_embeddings", None)
+    if not length:
+        return None
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    dtype = str(engine.get("kv_cache_dtype") or "auto")
+    if dtype == "auto":
+        dtype = str(engine.get("dtype") or "auto")
+        if dtype == "auto":
+            dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16")
+    width = 1 if "fp8" in dtype else 4 if "float32" in dtype else 2
+    blocks = -(-int(length) // BLOCK)
+    size = int(seqs) * blocks * BLOCK * config.num_hidden_layers * 2 * kv_heads * head_dim * width
+    import torch
+
+    if torch.cuda.is_available():
+        share = float(engine.get("gpu_memory_utilization") or 0.9)
+        if size > share * torch.cuda.get_device_properties(0).total_memory / 2:
+            return None
+    return size
+
+
 def _startup_plans():
     """vLLM's startup-plan module and its worker module (vLLM >= 0.26), or None where this vLLM has none."""
     try:
@@ -110,7 +147,14 @@ def start_engines_quietly() -> None:
     share (vLLM checks at start that its share is free). An engine that finds no plan recorded waits, holding no
     lock of the GPU, while another engine of its compile-cache folder measures (_measured_once): with a dozen
     packed runs starting at once, each of them would otherwise measure in turn, and every job beside them wait
-    to load or to end."""
+    to load or to end.
+
+    In a study whose jobs share GPUs (gpus.SIZED_ENV) no engine measures at all where its arguments bound what its KV
+    cache can ever hold (kv_cache_bytes): it is told that size (vLLM's kv_cache_memory_bytes, which skips the
+    profiling of memory) and starts holding the lock shared. On one H200, twelve packed seeds of six backends
+    still spent their first five minutes so: the first engine of the vllm settings waited 190 s for the loads
+    beside it to let it measure, and the engines of that setting 270 s for its measurement. Every run of such a
+    study gets the same KV cache, whatever ran beside it."""
     from vllm.entrypoints.llm import LLM
 
     from .. import gpus
@@ -121,6 +165,10 @@ def start_engines_quietly() -> None:
     plans = []
 
     def init(self, *args, **kwargs):
+        sized = os.environ.get(gpus.SIZED_ENV) and "kv_cache_memory_bytes" not in kwargs and kv_cache_bytes(kwargs)
+        if sized:  # nothing to measure: the start only allocates, as a model load does
+            with gpus.quiet(measuring=False):
+                return original(self, *args, **{**kwargs, "kv_cache_memory_bytes": sized})
         if not plans:  # vLLM's worker modules are imported by now (the engine imports them anyway)
             plans.append(_startup_plans())
             if plans[0] is not None:
@@ -207,7 +255,8 @@ def _follow_plans(startup_plan, gpu_worker) -> None:
         # Before the worker's memory snapshot: an engine of settings with no plan profiles, so it must be alone
         fingerprint = startup_plan.compute_plan_fingerprint(worker.vllm_config, worker.rank,
                                                             worker.parallel_config.world_size)
-        if gpus.quiet_held() == "shared" and startup_plan._load_plan(fingerprint) is None:
+        if gpus.quiet_held() == "shared" and worker.cache_config.kv_cache_memory_bytes is None and \
+                startup_plan._load_plan(fingerprint) is None:
             gpus.measure_from_here()
         return init_device(worker, *args, **kwargs)
 
