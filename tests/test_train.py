@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_equivalence import backends, stats, train
+from grpo_equivalence import backends, stats, summary, train
 from grpo_equivalence.backends import Backend, BackendUnavailable
 from grpo_equivalence.rewards import REWARD_NAMES
 
@@ -36,6 +36,8 @@ def test_statistics_file_has_every_step_and_metric(runs, backend):
     assert run["train_wall_s"] >= sum(s["wall_s"] for s in run["steps"]) * 0.9
     assert run["peak_mem_gb"] == max(s["peak_mem_gb"] for s in run["steps"]) > 0
     assert run["environment"]["memory_bandwidth_gbs"] is None  # measured on CUDA only
+    # each backend's generation is timed, so the summary splits a step into rollout and training
+    assert summary.summarise(run, 1)["median_rollout_s"] > 0
 
 
 def test_adapter_precision_is_recorded(runs):

@@ -62,9 +62,9 @@ def alone_on_gpu(stats: dict) -> bool | None:
     return True if shared is None and "shared_with" not in lease or shared == [] else (False if shared else None)
 
 
-# TRL's profiling blocks (stats.PROFILE) that generate completions, and the one that loads the trained
-# weights into a vLLM engine before generating.
-ROLLOUT_BLOCKS = (".vLLM.generate", ".transformers.generate", ".transformers.generate_batch")
+# TRL's profiling blocks (stats.PROFILE) that generate completions (the native backend's under a name of its own),
+# and the one that loads the trained weights into a vLLM engine before generating.
+ROLLOUT_BLOCKS = (".vLLM.generate", ".transformers.generate", ".transformers.generate_batch", ".native.generate")
 WEIGHT_SYNC_BLOCKS = (".sync_weights",)
 
 

@@ -26,10 +26,12 @@ class Native(Backend):
 
         def generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
             import torch
+            from trl.extras.profiling import profiling_context
 
             if images is not None and any(image is not None for image in images):
                 raise RuntimeError("backend 'native' decodes text only; this study's prompts hold images")
-            with torch.no_grad():
+            # timed as TRL times its own generation (summary.ROLLOUT_BLOCKS): the rollout's share of a step
+            with torch.no_grad(), profiling_context(trainer, "native.generate"):
                 completions = native.generate(prompt_ids, trainer.generation_config, trainer.eos_token_ids, pad_id)
             return completions, None
 
