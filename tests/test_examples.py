@@ -95,14 +95,17 @@ def test_the_packed_h200_example_holds_twelve_paired_seeds_and_its_figures_come_
     import importlib.util
     import json
 
+    import yaml
+
     example = ROOT / "docs" / "examples" / "h200-packed-study"
+    seed = yaml.safe_load((example / "study.yaml").read_text())["grpo"]["seed"]
     runs = [stats.load(p) for p in stats_files(example / "stats")]
     seeds = {}
     for run in runs:
         seeds.setdefault(run["backend"], []).append(run["seed"])
         lease = run["environment"]["gpu_lease"]
-        assert lease["whole"] == (run["seed"] == 3407) and (lease["shared_with"] == []) == (run["seed"] == 3407)
-    assert {b: sorted(s) for b, s in seeds.items()} == {b: list(range(3407, 3419)) for b in (
+        assert lease["whole"] == (run["seed"] == seed) and (lease["shared_with"] == []) == (run["seed"] == seed)
+    assert {b: sorted(s) for b, s in seeds.items()} == {b: list(range(seed, seed + 12)) for b in (
         "vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm")}
     spec = importlib.util.spec_from_file_location("packing_results", ROOT / "benchmarks" / "packing_results.py")
     module = importlib.util.module_from_spec(spec)
@@ -125,7 +128,7 @@ def test_same_runs_finds_a_run_whose_training_numbers_changed(tmp_path):
     example = ROOT / "docs" / "examples" / "h200-packed-study" / "stats"
     copy = tmp_path / "stats"
     shutil.copytree(example, copy)
-    changed = copy / "grpo_hf_30_seed3410.json.gz"
+    changed = copy / "grpo_hf_30_seed3422.json.gz"
     run = json.loads(gzip.decompress(changed.read_bytes()))
     run["steps"][5]["loss"] += 1e-9
     changed.write_bytes(gzip.compress(json.dumps(run).encode()))
@@ -133,4 +136,4 @@ def test_same_runs_finds_a_run_whose_training_numbers_changed(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     result = module.main([str(example), str(copy)])
-    assert result["shared_runs"] == 72 and result["differ"] == ["hf x 30 seed 3410"]
+    assert result["shared_runs"] == 72 and result["differ"] == ["hf x 30 seed 3422"]
