@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 import yaml  # noqa: E402
 
-from grpo_equivalence import runs, stats  # noqa: E402
+from grpo_equivalence import report, runs, stats  # noqa: E402
 from grpo_equivalence.summary import summarise  # noqa: E402
 
 FIGURES = ("median_step_s", "median_rollout_s", "median_weight_sync_s", "median_training_s", "decode_ms_per_step",
@@ -25,7 +25,7 @@ FIGURES = ("median_step_s", "median_rollout_s", "median_weight_sync_s", "median_
 
 def results(stats_dir: Path, study: dict) -> dict:
     shape = Path((study.get("random_model") or {}).get("architecture", study["model"])).stem
-    paths = [p for p in sorted(stats_dir.glob("grpo_*.json")) if not p.name.endswith(".summary.json")]
+    paths = report.stats_files(stats_dir)  # gzipped too, as the examples keep them
     groups = runs.group_runs(runs.load_runs(paths))
     backends = {}
     for (backend, _), group in sorted(groups.items()):

@@ -92,8 +92,10 @@ def _time_split(stats: dict, steps: list[dict]) -> dict:
         if r > 0 and metrics.get("completions/max_length"):
             decode_ms.append(1000 * r / metrics["completions/max_length"])
     median = lambda values: statistics.median(values) if values else None  # noqa: E731
-    return dict(zip(keys, (median(rollout) if any(rollout) else None, median(sync), median(training),
-                           median(tokens_per_s), median(decode_ms)), strict=True))
+    if not any(rollout):  # no generation block timed: the step cannot be split, and is not all training
+        return dict.fromkeys(keys)
+    return dict(zip(keys, (median(rollout), median(sync), median(training), median(tokens_per_s), median(decode_ms)),
+                    strict=True))
 
 
 # TRL's keys of the sampler/trainer mismatch: sampling/sampling_logp_difference/{mean,max} and
