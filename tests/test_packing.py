@@ -112,18 +112,48 @@ def test_a_run_that_shared_its_gpu_is_measured_by_its_allocator_not_by_the_devic
     assert gpushare.own_memory_gb(run) == pytest.approx(0.5 + gpushare.CONTEXT_GB)
 
 
-def test_several_gpus_per_run_are_refused_before_any_job(tiny_config, tmp_path):
-    tiny_config["gpus_per_train_job"] = 2
+def test_a_run_on_several_gpus_is_refused_before_any_job_for_the_backends_that_train_on_one_process(tiny_config,
+                                                                                                       tmp_path):
+    tiny_config.update(gpus_per_train_job=2, backends=["hf", "vllm", "trl_vllm"], reference="hf")
     with pytest.raises(ConfigError) as error:
         check(tiny_config)
-    assert "gpus_per_train_job: 2 GPUs per run, but no backend trains one run across GPUs yet" in str(error.value)
+    assert "gpus_per_train_job: 2 trains each run on 2 processes (data parallel), which vllm, trl_vllm cannot yet" \
+        in str(error.value)
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(tiny_config))
     result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
                              str(tmp_path), "results/grpo_equivalence.md", "--cores", "1", "--config", f"study={path}"],
                             capture_output=True, text=True)
-    assert result.returncode != 0 and "no backend trains one run across GPUs yet" in result.stderr
+    assert result.returncode != 0 and "which vllm, trl_vllm cannot yet" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "results").exists()
+    tiny_config["backends"] = ["hf", "hf_static", "cb_paged", "native"]
+    check(tiny_config)
+
+
+@pytest.mark.workflow
+def test_a_run_on_two_gpus_trains_on_two_processes(tmp_path, tiny_into):
+    """gpus_per_train_job: 2 leases two devices (stand-ins) and trains the run on two processes over gloo (on the
+    CPU), through the workflow: one statistics file, every step, the metrics gathered over both processes."""
+    tiny_into(tmp_path)
+    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config.update(backends=["hf", "native"], reference="hf", steps=[4], gpus_per_train_job=2)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, train.FORCE_CPU_ENV: "cpu", gpus.DEVICES_ENV: "0,1", gpus.LOCK_DIR_ENV: str(tmp_path / "locks")}
+    env.pop("SLURM_JOB_ID", None)
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                             str(tmp_path), "results/stats/grpo_hf_4.json", "results/stats/grpo_native_4.json",
+                             "--cores", "4", "--resources", "gpu=2", "--config", f"study={tmp_path / 'study.yaml'}"],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for backend in ("hf", "native"):
+        run = stats.load(tmp_path / f"results/stats/grpo_{backend}_4.json")
+        assert run["environment"]["processes"] == 2 and run["environment"]["gpu_lease"]["devices"] == ["0", "1"]
+        assert [s["step"] for s in run["steps"]] == [1, 2, 3, 4] and all(isinstance(s["kl"], float) for s in run["steps"])
+        # A step takes a batch of prompts on each process: the epoch advances twice as fast as on one
+        prompts_per_process = config["grpo"]["per_device_train_batch_size"] // config["grpo"]["num_generations"]
+        assert run["steps"][0]["metrics"]["epoch"] == pytest.approx(2 * prompts_per_process / config["tiny"]["problems"])
+        log = (tmp_path / f"results/logs/train/{backend}_4.log").read_text()
+        assert "training on 2 processes (data parallel)" in log
 
 
 def run_packed(workdir, target):

@@ -129,9 +129,11 @@ def _get(config: dict, *keys, kind=object):
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
-def study_problems(config: dict, backend_names: list[str], backend_options: dict[str, dict]) -> list[str]:
-    """Cross-field checks, given the known backends and the options each one accepts. Each check runs on
-    what is well-formed, so that a schema error elsewhere does not hide these."""
+def study_problems(config: dict, backend_names: list[str], backend_options: dict[str, dict],
+                   data_parallel: tuple[str, ...] = ()) -> list[str]:
+    """Cross-field checks, given the known backends, the options each one accepts and those that train a run on
+    several processes (data_parallel). Each check runs on what is well-formed, so that a schema error elsewhere
+    does not hide these."""
     problems = []
     backends = [b for b in (_get(config, "backends", kind=list) or []) if isinstance(b, str)]
     from .faults import FAULTS, split
@@ -174,11 +176,13 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
                 known = ", ".join(backend_options[name]) or "none"
                 problems.append(f"backend_options.{name}.{key}: unknown option of {name} (known: {known})")
     gpus = _get(config, "gpus_per_train_job", kind=int)
-    if gpus is not None and gpus > 1 and backends:
-        # A lease of several GPUs used to train on the first alone while the others idled
-        problems.append(f"gpus_per_train_job: {gpus} GPUs per run, but no backend trains one run across GPUs yet "
-                        f"({', '.join(backends)} would use the first and leave the others idle); set it to 1 (the "
-                        f"workflow runs a job per GPU, or several on one with gpu_sharing.jobs_per_gpu)")
+    single = [b for b in backends if b.split("+")[0] in backend_names and b.split("+")[0] not in data_parallel]
+    if gpus is not None and gpus > 1 and single:
+        # Their runs would use the first GPU of the lease and leave the others idle
+        problems.append(f"gpus_per_train_job: {gpus} trains each run on {gpus} processes (data parallel), which "
+                        f"{', '.join(single)} cannot yet (their trainer or vLLM engine assumes one process); drop "
+                        f"them from backends, or set gpus_per_train_job: 1 (a job per GPU, or several on one with "
+                        f"gpu_sharing.jobs_per_gpu)")
     sharing = _get(config, "gpu_sharing", kind=dict) or {}
     if sharing.get("speed_runs") == "last" and sharing.get("memory_gb") is None and (sharing.get("jobs_per_gpu") or 1) > 1:
         problems.append("gpu_sharing.speed_runs: last runs the study's seed after the other seeds, so nothing has "
@@ -354,7 +358,8 @@ def check(config: dict, bases=()) -> None:
     from . import backends, rewards
 
     problems = schema_problems(config)
-    problems += study_problems(config, backends.names(), {n: backends.get(n).options for n in backends.names()})
+    problems += study_problems(config, backends.names(), {n: backends.get(n).options for n in backends.names()},
+                               tuple(n for n in backends.names() if getattr(backends.get(n), "data_parallel", False)))
     if isinstance(config.get("grpo"), dict):
         problems += grpo_field_problems(config["grpo"])
     if not problems:  # paths are checked once the keys that name them are well-formed

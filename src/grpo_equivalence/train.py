@@ -266,7 +266,9 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         # seed every sampler of the run was seeded with; an injected fault (None: the backend as it is)
         "effective_config": config_read,
         "environment": {**environment.describe(), "gpu_lease": gpu_lease() if callable(gpu_lease) else gpu_lease,
-                        "memory_bandwidth_gbs": bandwidth},
+                        "memory_bandwidth_gbs": bandwidth,
+                        # processes that trained the run together (data parallel, grpo_equivalence.parallel)
+                        "processes": int(os.environ.get("WORLD_SIZE", "1"))},
     }
     log(f"[{backend_name} x {max_steps}] {len(steps)} steps in {train_wall:.1f} s -> {out}")
     write(out, result)

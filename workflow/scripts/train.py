@@ -7,7 +7,7 @@ workflow whose outputs Snakemake marked incomplete) is restored from the run cac
 
 from pathlib import Path
 
-from grpo_equivalence import gpushare, jobs, runcache, train
+from grpo_equivalence import gpushare, jobs, parallel, runcache, train
 
 a = jobs.arguments()
 jobs.stop_with_workflow()
@@ -22,10 +22,18 @@ a["config"].update(a.get("resolved", {}))  # the reward files and chat template 
 if runcache.restore(cache, out) is None:
     train.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
     compile_cache = runcache.use_compile_caches(a)
+    keep = lambda path, result: runcache.keep(cache, result, path)  # noqa: E731
     with gpushare.leased_for_job(a) as lease:
-        import torch
+        if parallel.processes(a["config"]) > 1:  # a process per leased GPU; this one keeps the bookkeeping
+            result = parallel.launch(a["config"], a["backend"], a["steps"], model_path=a["model_path"],
+                                     dataset=a["dataset"], study=a.get("study", "study"), adapter=a.get("adapter"),
+                                     threads=a["threads"])
+            result["environment"]["gpu_lease"] = lease.record() if callable(lease.record) else lease.record
+            keep(out, result)
+        else:
+            import torch
 
-        torch.set_num_threads(a["threads"])
-        train.run(a["config"], a["backend"], a["steps"], model_path=a["model_path"], dataset=a["dataset"], out=out,
-                  gpu_lease=lease.record, study=a.get("study", "study"), adapter=a.get("adapter"),
-                  compile_cache=compile_cache, write=lambda path, result: runcache.keep(cache, result, path))
+            torch.set_num_threads(a["threads"])
+            train.run(a["config"], a["backend"], a["steps"], model_path=a["model_path"], dataset=a["dataset"], out=out,
+                      gpu_lease=lease.record, study=a.get("study", "study"), adapter=a.get("adapter"),
+                      compile_cache=compile_cache, write=keep)

@@ -49,6 +49,9 @@ class Backend:
     # The trainer the backend trains through: a difference between stacks is not a rollout difference, so
     # each candidate is also judged against the reference of its own stack (STACK_REFERENCES)
     stack: str = TRL_PEFT
+    # Whether a run can train on several processes at once (gpus_per_train_job > 1: grpo_equivalence.parallel);
+    # a backend says so once a run of it has trained that way
+    data_parallel: bool = False
 
     def check_runnable(self, device: str | None) -> None:
         """Raises BackendUnavailable naming what is missing and how to fix it (device None: packages only)."""

@@ -18,4 +18,5 @@ BACKEND = ContinuousBatching(
     name="cb_paged",
     summary="vanilla transformers + PEFT, continuous batching with paged attention (generate_batch)",
     options={"continuous_batching": "transformers.ContinuousBatchingConfig keyword arguments"},
+    data_parallel=True,
 )

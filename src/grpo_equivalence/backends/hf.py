@@ -1,3 +1,3 @@
 from .base import Backend
 
-BACKEND = Backend(name="hf", summary="vanilla transformers + PEFT, plain padded generate()")
+BACKEND = Backend(name="hf", summary="vanilla transformers + PEFT, plain padded generate()", data_parallel=True)

@@ -29,4 +29,5 @@ class StaticCacheCompiled(Backend):
 BACKEND = StaticCacheCompiled(
     name="hf_static",
     summary="vanilla transformers + PEFT, generate() with a static KV cache and a compiled decode step (CUDA graphs)",
+    data_parallel=True,
 )

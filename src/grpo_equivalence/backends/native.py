@@ -66,4 +66,5 @@ def longest_prompt(dataset, tokenizer, rows: int = 2000) -> list[int]:
 BACKEND = Native(
     name="native",
     summary="TRL + PEFT, rollout by the project's PyTorch decoder (merged adapters, static KV cache), no vLLM",
+    data_parallel=True,
 )
