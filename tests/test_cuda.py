@@ -109,3 +109,20 @@ def test_the_native_decoders_cuda_graphs_sample_the_eager_steps_tokens(primed):
             for parameter in (p for p in model.parameters() if p.requires_grad):
                 parameter.add_(0.02)
     assert len(graphs._states) == 1 and len(next(iter(graphs._states.values())).graphs) >= 1
+
+
+def test_a_run_on_two_gpus_trains_on_both(primed_bf16, tiny_study, tmp_path):
+    """gpus_per_train_job: 2 on a machine with two GPUs: one process per GPU over NCCL (grpo_equivalence.parallel),
+    every step recorded with KL and process 0's memory."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    from grpo_equivalence import parallel
+
+    config = copy.deepcopy(tiny_study)
+    config.update(gpus_per_train_job=2, dtype="bfloat16")
+    run = parallel.launch(config, "hf", 4, model_path=primed_bf16["model"], dataset=primed_bf16["dataset"],
+                          study="cuda-test", adapter=None, threads=2)
+    assert run["environment"]["processes"] == 2 and [s["step"] for s in run["steps"]] == [1, 2, 3, 4]
+    assert all(s["kl"] is not None and s["peak_allocated_gb"] > 0 for s in run["steps"])
