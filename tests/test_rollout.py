@@ -147,3 +147,11 @@ def test_the_native_decoder_samples_as_hf_and_the_check_catches_it_running_hot(c
     native, *hot = comparisons
     assert native["verdict"] != verdict.DIVERGENT, native["tests"]
     assert sum(c["verdict"] == verdict.DIVERGENT for c in hot) >= 2, [c["tests"] for c in hot]
+
+
+def test_scoring_passes_keep_a_real_vocabularys_logits_small():
+    """A pass scores at most SCORE_BATCH completions, and fewer where one float32 copy of their logits would pass
+    SCORE_BYTES: at Qwen3's vocabulary and 640 tokens, 2 (32 would be 12 GB a copy)."""
+    assert rollout.score_batch(40, 103) == rollout.SCORE_BATCH
+    assert rollout.score_batch(640, 151936) == 2
+    assert rollout.score_batch(100_000, 151936) == 1

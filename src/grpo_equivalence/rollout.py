@@ -32,7 +32,16 @@ SCHEMA_VERSION = 1
 # Raised by this much (a raw logit), a sampled token the settings exclude still counts as outside the support: the
 # sampler's and the scorer's logits differ by rounding, far more in 16-bit than in 32-bit arithmetic.
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.1}
-SCORE_BATCH = 32  # completions per scoring forward pass
+SCORE_BATCH = 32  # completions per scoring forward pass, at most
+# ... and no more than keep one float32 copy of their logits within this many bytes: scoring holds several copies
+# (the warpers', the raised logits'), which at a real vocabulary (Qwen3's 151,936) and 32 completions of 640 tokens
+# would be 12 GB each
+SCORE_BYTES = 2 ** 30
+
+
+def score_batch(sequence_length: int, vocabulary: int) -> int:
+    """Completions per scoring pass for sequences up to `sequence_length` tokens over `vocabulary` logits."""
+    return max(1, min(SCORE_BATCH, SCORE_BYTES // (4 * max(1, sequence_length) * max(1, vocabulary))))
 
 
 # The order the filters apply in, which changes the distribution where top_p binds: transformers' generate()
@@ -156,9 +165,11 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
             device.type == "cuda" and config["dtype"] == "bfloat16") else torch.autocast("cpu", enabled=False)
         tolerance = check_settings["tolerance"] or TOLERANCE[config["dtype"]]
         hotter = 1 + check_settings["temperature_margin"]
+        per_pass = score_batch(max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in sampled),
+                               model.config.vocab_size)
         with torch.no_grad(), autocast:
-            for start in range(0, len(sampled), SCORE_BATCH):
-                batch = sampled[start:start + SCORE_BATCH]
+            for start in range(0, len(sampled), per_pass):
+                batch = sampled[start:start + per_pass]
                 scored_batch = [r for r in batch if r["completion_ids"]]
                 # every position of the batch scored at once, then split back per completion
                 joined = score_tokens(torch.cat(_forward_logits(model, scored_batch, device)), torch.tensor(
