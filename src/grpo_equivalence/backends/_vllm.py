@@ -81,8 +81,8 @@ BLOCK = 16  # tokens per vLLM KV-cache block
 def kv_cache_bytes(engine: dict) -> int | None:
     """What a vLLM engine of these arguments can ever hold in its KV cache: max_num_seqs sequences of max_model_len
     tokens (the model's context where not given; whole blocks), at the model's KV width and the cache's dtype; None
-    where the arguments leave the number of sequences to vLLM, or the size would take more than half of the engine's share of the device (then vLLM sizes it
-    as usual, measuring the device's memory)."""
+    where the arguments leave the number of sequences to vLLM, or the size would take more than half of the
+    engine's share of the device (then vLLM sizes it as usual, measuring the device's memory)."""
     from transformers import AutoConfig
 
     if not engine.get("max_num_seqs") or not engine.get("model"):
@@ -90,7 +90,8 @@ def kv_cache_bytes(engine: dict) -> int | None:
     config = AutoConfig.from_pretrained(engine["model"])
     config = getattr(config, "text_config", None) or config
     # vLLM's own default context: the model's
-    seqs, length = engine["max_num_seqs"], engine.get("max_model_len") or getattr(config, "max_position_embeddings", None)
+    seqs = engine["max_num_seqs"]
+    length = engine.get("max_model_len") or getattr(config, "max_position_embeddings", None)
     if not length:
         return None
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -149,8 +150,8 @@ def start_engines_quietly() -> None:
     packed runs starting at once, each of them would otherwise measure in turn, and every job beside them wait
     to load or to end.
 
-    In a study whose jobs share GPUs (gpus.SIZED_ENV) no engine measures at all where its arguments bound what its KV
-    cache can ever hold (kv_cache_bytes): it is told that size (vLLM's kv_cache_memory_bytes, which skips the
+    In a study whose jobs share GPUs (gpus.SIZED_ENV) no engine measures at all where its arguments bound what its
+    KV cache can ever hold (kv_cache_bytes): it is told that size (vLLM's kv_cache_memory_bytes, which skips the
     profiling of memory) and starts holding the lock shared. On one H200, twelve packed seeds of six backends
     still spent their first five minutes so: the first engine of the vllm settings waited 190 s for the loads
     beside it to let it measure, and the engines of that setting 270 s for its measurement. Every run of such a
