@@ -5,9 +5,8 @@ Each repetition is one report of the tiny study at its longest step count (studi
 runs of the reference, as many of each candidate): the reference with seeds s, s+1, ...; every fault of
 grpo_equivalence.faults on the reference backend with the same seeds (paired, as a study runs them); and the
 control, the reference again with seeds of its own (compared unpaired). All are judged together as the report
-judges them (compare, then Holm over every metric of every candidate, weighted towards the headline
-metrics). Prints, per candidate, the share of
-repetitions with a metric called divergent, and writes the counts as JSON.
+judges them (compare, then Holm over every metric of every candidate, weighted towards the headline metrics).
+Prints, per candidate, the share of repetitions with a metric called divergent, and writes the counts as JSON.
 
     python benchmarks/fault_detection_training.py [--reps 8] [--jobs 14] [--out FILE] [--steps N] [--runs N]
 
