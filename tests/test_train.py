@@ -194,3 +194,37 @@ def test_a_misspelt_or_owned_grpo_field_stops_the_job_before_any_model_is_loaded
     tiny_config["grpo"].pop("adam_betta2")
     with pytest.raises(SystemExit, match="grpo.max_steps: set by the workflow, not the study"):
         train.check_packages("hf", tiny_config)
+
+
+def test_a_backend_imports_what_must_come_first_before_transformers_is(primed, tiny_study, tmp_path):
+    """Unsloth must be imported before transformers (it patches it at import); train.run imports transformers for its
+    callbacks, so it runs the backend's before_trl_import first. A stand-in hook records what was imported by then,
+    in a fresh process, which stops there."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = """
+import json, sys
+from pathlib import Path
+from grpo_equivalence import backends, train
+hf = backends.get("hf")
+seen = []
+def hook(self):
+    seen.append("transformers" in sys.modules)
+    raise SystemExit(0)  # what follows is every run's
+type(hf).before_trl_import = hook
+try:
+    train.run(json.loads(sys.argv[1]), "hf", 4, model_path=sys.argv[2], dataset=json.loads(sys.argv[3]),
+              out=Path(sys.argv[4]), log=lambda s: None)
+finally:
+    print("SEEN", json.dumps(seen))
+"""
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(tiny_study), primed["model"],
+                           json.dumps(primed["dataset"]), str(tmp_path / "run.json")], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.split("SEEN", 1)[1])
+    assert seen and seen[0] is False  # the first call came before transformers was imported

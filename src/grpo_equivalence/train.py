@@ -96,14 +96,15 @@ class Session:
 
 @contextlib.contextmanager
 def session(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, callbacks=(),
-            seed: int | None = None, tracking: dict | None = None, log=print):
+            seed: int | None = None, tracking: dict | None = None, startup_began: float | None = None, log=print):
     """The backend's model and GRPOTrainer as training uses them (also for the rollout check, which samples
     through the same trainer without training). `seed` overrides the study's (a replicate's); `tracking`: the
-    run's name and project for the trackers grpo.report_to names (tracked)."""
+    run's name and project for the trackers grpo.report_to names (tracked); `startup_began`: when the start-up
+    began (perf_counter; by default here)."""
     backend = backends.get(backend_name)
     device = device_for(config["gpus_per_train_job"])
     backend.check_runnable(device)  # before anything is loaded: a missing package costs seconds, not a model load
-    startup_began = time.perf_counter()
+    startup_began = startup_began or time.perf_counter()
     grpo = {**config["grpo"], **({} if seed is None else {"seed": seed})}
     # Every warning of loading and training is kept with the run: a setting a backend ignores shows here.
     with WarningLog() as warned, contextlib.ExitStack() as loading:
@@ -202,6 +203,12 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     import torch
 
     device = device_for(config["gpus_per_train_job"])
+    backend = backends.get(backend_name)
+    backend.check_runnable(device)
+    startup_began = time.perf_counter()
+    # Before the callbacks below import transformers: Unsloth patches it and TRL at import, and warns that its
+    # optimizations may not all apply when they came first (every Unsloth run on the H200 so far did)
+    backend.before_trl_import()
     # Start-up (imports, model load, engine start, trainer set-up) is timed on its own: vLLM's engine start
     # takes minutes where a step takes a fraction of a second, and must not be read as training time.
     probe = memory.MemoryProbe(device)
@@ -212,7 +219,8 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     gate = runcache.FirstCompile(compile_cache)
     with session(config, backend_name, max_steps, model_path=model_path, dataset=dataset,
                  callbacks=[recorder, progress(max_steps, label, log), gate.callback()],
-                 tracking=tracked(config, backend_name, max_steps, study), log=log) as built:
+                 tracking=tracked(config, backend_name, max_steps, study), startup_began=startup_began,
+                 log=log) as built:
         trainer = built.trainer
         gate.enter(log)  # start-up, not training: a packed run waits here for the first to compile
         startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
