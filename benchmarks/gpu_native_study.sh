@@ -6,17 +6,22 @@
 #              (the decode step against vllm's, start-up, memory: results.json of each).
 # The parts share the study's random 4B model (results/random/model, built once). Set GRPO_EQUIVALENCE_COMMIT where
 # the checkout has no history of its own (a copy of it), so that the runs name their commit.
+# PARTS picks the parts and their order (default "rollout4b speed4 speed64"): with little GPU time left, the first.
 # Usage: benchmarks/gpu_native_study.sh OUTDIR
 set -uo pipefail
 out=$(realpath -m "${1:?OUTDIR}")
 mkdir -p "$out"
 step() { echo "$1 exit $2 $(date +%s)" >> "$out/progress.log"; }
-STUDY=studies/speed-4b.yaml BACKENDS="hf native" REFERENCE=hf PER_CALL="${PER_CALL:-64}" \
-  bash benchmarks/gpu_rollout_check.sh "$out/rollout4b" > "$out/rollout4b.log" 2>&1
-step rollout4b $?
-for batch in 4 64; do
-  BATCH=$batch BACKENDS="vllm native" STATS_ONLY=1 bash benchmarks/gpu_speed_study.sh "$out/speed$batch" 1 \
-    > "$out/speed$batch.log" 2>&1
-  step "speed$batch" $?
+for part in ${PARTS:-rollout4b speed4 speed64}; do
+  case $part in
+    rollout4b)
+      STUDY=studies/speed-4b.yaml BACKENDS="hf native" REFERENCE=hf PER_CALL="${PER_CALL:-64}" \
+        bash benchmarks/gpu_rollout_check.sh "$out/rollout4b" > "$out/rollout4b.log" 2>&1 ;;
+    speed4|speed64)
+      BATCH=${part#speed} BACKENDS="vllm native" STATS_ONLY=1 bash benchmarks/gpu_speed_study.sh "$out/$part" 1 \
+        > "$out/$part.log" 2>&1 ;;
+    *) echo "unknown part $part: PARTS takes rollout4b, speed4 and speed64" >&2; exit 2 ;;
+  esac
+  step "$part" $?
 done
 echo done >> "$out/progress.log"

@@ -12,9 +12,13 @@ give the seed-to-seed standard deviation s of that summary (pooled over both bac
   pairs: the difference per shared seed, a paired t-test; seed effects cancel, so the same margin is reached
   with fewer runs. Without shared seeds, the two backends' means are compared (Wellek's exact equivalence
   test, its bound from the non-central F distribution, finite everywhere).
-- Looks are planned in advance (LOOKS: 3, 5, 8 and 12 runs per backend) and alpha is split between them, so
-  that adding runs until a verdict appears keeps both error rates at alpha. The verdict at n runs uses the
-  alpha of the last planned look at or below n, and says when the next look is and its power.
+- Looks are planned in advance (LOOKS: 3, 5, 8 and 12 runs per backend) and alpha is spent over them in
+  proportion to the runs (Lan and DeMets' spending function alpha x n / 12), so that adding runs until a verdict
+  appears keeps both error rates at alpha. A look's own alpha (look_alphas) is the nominal level of the group
+  sequential boundary that spends that much: the looks share their runs, so a later look gets more than its
+  increment (3 runs: alpha / 4, as an equal split gives; 12 runs: 0.027 at alpha 0.05, against 0.0125). The
+  verdict at n runs uses the alpha of the last planned look at or below n, and says when the next look is and
+  its power.
 - equivalent: the equivalence test rejects |d| >= margin at the look's alpha;
 - divergent: otherwise, if the test of d = 0 rejects at the look's alpha after Holm's correction over the
   family judged together (the metrics of one comparison here; every metric of every candidate in a report).
@@ -39,7 +43,7 @@ METRICS = tuple(METRIC_KEYS)  # the metrics judged, in the report's column order
 EQUIVALENT, DIVERGENT, INCONCLUSIVE, NOT_LOGGED = "equivalent", "divergent", "inconclusive", "not logged"
 ALPHA = 0.05
 MARGIN = 1.0  # in standard deviations of a seed-to-seed difference
-LOOKS = (3, 5, 8, 12)  # runs per backend at which a verdict is planned; alpha is split equally between them
+LOOKS = (3, 5, 8, 12)  # runs per backend at which a verdict is planned; alpha spent in proportion to the runs
 POWER_LEVEL = 0.8
 # The cells a study is asked to decide (kl, reward, completion length of each candidate against the reference), and
 # the share of the family's alpha their tests carry in Holm's weighted correction; fixed before any run is seen.
@@ -70,10 +74,44 @@ def summary(metric: str, values: list[float]) -> float:
     return SUMMARIES.get(metric, SUMMARIES["loss"])[1](values)
 
 
+@lru_cache(maxsize=16)
+def look_alphas(alpha: float = ALPHA, looks: tuple[int, ...] = LOOKS, points: int = 4001) -> tuple[float, ...]:
+    """Each planned look's nominal two-sided alpha: the group sequential boundary c_k of a z-statistic observed
+    at the looks (its values at n_i and n_j runs correlated sqrt(n_i / n_j), as means over nested runs are),
+    such that the chance to cross it at look k and not before is alpha x (n_k - n_(k-1)) / n_last; the nominal
+    alpha is 2(1 - Phi(c_k)). Computed exactly at the first look and, after it, by carrying the sum's density
+    inside the boundaries from look to look on a grid (Armitage, McPherson and Rowe's recursion): deterministic,
+    the spending within 1e-4 of the plan (tests/test_verdict.py checks it against multivariate normal
+    probabilities)."""
+    import numpy as np
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    grid = np.linspace(-10.0, 10.0, points)
+    mass_at, mass = np.zeros(1), np.ones(1)  # the sum's distribution before the first look: all at 0
+    previous, nominal = 0.0, []
+    for k, n in enumerate(looks):
+        t, sd = n / looks[-1], math.sqrt((n - (looks[k - 1] if k else 0)) / looks[-1])
+
+        def crossing(c: float) -> float:  # the chance to be beyond +-c sqrt(t) now, inside before
+            b = c * math.sqrt(t)
+            return float(mass @ (norm.cdf((-b - mass_at) / sd) + norm.sf((b - mass_at) / sd)))
+
+        spend = alpha * t - previous
+        bound = brentq(lambda c: crossing(c) - spend, 0.1, 8.0, xtol=1e-10)
+        inside = np.abs(grid) < bound * math.sqrt(t)
+        density = norm.pdf((grid[inside][:, None] - mass_at[None, :]) / sd) @ mass / sd
+        mass_at, mass = grid[inside], density * (grid[1] - grid[0])
+        previous = alpha * t
+        nominal.append(float(2 * norm.sf(bound)))
+    return tuple(nominal)
+
+
 def look(runs: int, alpha: float = ALPHA) -> dict:
-    """The planned look a verdict at `runs` runs per backend belongs to, its alpha, and the next look."""
+    """The planned look a verdict at `runs` runs per backend belongs to, its alpha (before the first look: the
+    first look's), and the next look."""
     index = sum(1 for n in LOOKS if n <= runs)
-    return {"look": index, "looks": len(LOOKS), "alpha": alpha / len(LOOKS),
+    return {"look": index, "looks": len(LOOKS), "alpha": look_alphas(alpha)[max(index - 1, 0)],
             "next_runs": LOOKS[index] if index < len(LOOKS) else None}
 
 
