@@ -79,6 +79,31 @@ def test_more_tokens_outside_the_support_is_divergent_and_holm_runs_over_the_fam
                                 support_margin=0.001, margin_sd=0.1)
 
 
+def test_a_test_with_no_variation_is_left_out_never_equivalent():
+    """Every completion at the length limit with one reward (a model with random weights): the paired tests have
+    nothing to judge; the verdict rests on support and score."""
+    def constant(backend, seed):
+        run = _run(backend, seed, completions=400)
+        for c in run["completions"]:
+            c["reward"] = -7.5
+        return run
+
+    comparison = rollout_verdict.compare(constant("hf", 1), constant("native", 1), alpha=0.05, support_margin=0.001,
+                                         margin_sd=0.1)
+    rollout_verdict.finalize([comparison], 0.05)
+    tests = comparison["tests"]
+    assert tests["completion_length"]["verdict"] == tests["reward"]["verdict"] == rollout_verdict.NO_VARIATION
+    assert "every completion of both had reward -7.5" in tests["reward"]["reason"]
+    assert tests["support"]["verdict"] == tests["score"]["verdict"] == verdict.EQUIVALENT
+    assert comparison["verdict"] == verdict.EQUIVALENT
+    # one backend's lengths vary: the test has variation again and is judged
+    varied = constant("native", 1)
+    varied["completions"][0]["tokens"] = 9
+    again = rollout_verdict.compare(constant("hf", 1), varied, alpha=0.05, support_margin=0.001, margin_sd=0.1)
+    rollout_verdict.finalize([again], 0.05)
+    assert again["tests"]["completion_length"]["verdict"] != rollout_verdict.NO_VARIATION
+
+
 def test_an_unknown_fault_is_refused_with_the_list():
     from grpo_equivalence import backends
 

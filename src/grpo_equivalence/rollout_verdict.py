@@ -14,11 +14,14 @@ equivalence test against a margin fixed in advance:
   (the prompts are shared: paired). Equivalence tests only (two one-sided tests within `margin` standard
   deviations of a completion's value): they are consequences of the tokens drawn, which the two tests above
   judge exactly, and their values are discrete and heavy-tailed; the paired t-test's p is shown as evidence.
+  Where every completion of both backends has the same value (a model with random weights: every completion
+  runs to the length limit and earns the same reward), the test has no variation to judge: "no variation",
+  left out of the candidate's verdict, never "equivalent".
 
 Divergence is decided on the support and score tests, with Holm's step-down over those of every candidate
 judged together (the report's family), so that a report of candidates that all sample correctly calls
 something divergent at most alpha of the time. A candidate is divergent if one of them is, equivalent if all
-four tests are, inconclusive otherwise: then the evidence says how many completions would confirm equivalence
+four tests are (those with no variation left out), inconclusive otherwise: then the evidence says how many completions would confirm equivalence
 90 % of the time if the two sampled alike.
 The sampler/trainer mismatch (where the backend reports its own log-probabilities) is shown, not judged:
 it has no noise floor to judge it against.
@@ -31,6 +34,7 @@ from .stats import StatsError
 from .verdict import DIVERGENT, EQUIVALENT, INCONCLUSIVE, holm
 
 TESTS = ("support", "score", "completion_length", "reward")
+NO_VARIATION = "no variation"  # a paired test where every completion of both backends had the same value
 DIVERGENCE_TESTS = ("support", "score")  # the others are equivalence tests only
 CONFIRM_POWER = 0.9  # the chance of confirming equivalence, if it holds, that the advice on more samples aims for
 
@@ -109,7 +113,13 @@ def paired_test(ref: dict, cand: dict, key: str, *, alpha: float, margin_sd: flo
     differences = [cand["by_prompt"][key][p] - ref["by_prompt"][key][p] for p in shared]
     n, mean = len(differences), statistics.fmean(differences)
     sd = statistics.stdev(differences)
-    margin = margin_sd * statistics.stdev(ref["values"][key] + cand["values"][key])
+    spread = statistics.stdev(ref["values"][key] + cand["values"][key])
+    if spread == 0:  # nothing to tell the samplers apart by (the margin would be 0: equivalence unreachable)
+        value = ref["values"][key][0]
+        return {"p_value": 1.0, "difference": 0.0, "se": 0.0, "prompts": n, "margin": 0.0, "equivalent": False,
+                "no_variation": True, "reference_mean": value, "candidate_mean": value,
+                "reason": f"every completion of both had {key} {value:g}"}
+    margin = margin_sd * spread
     se = sd / math.sqrt(n)
     t = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
     result = {"p_value": float(2 * student.sf(abs(t), n - 1)), "difference": mean, "se": se, "prompts": n,
@@ -161,9 +171,11 @@ def finalize(comparisons: list[dict], alpha: float) -> list[dict]:
     for comparison in comparisons:
         for name in set(TESTS) - set(DIVERGENCE_TESTS):
             test = comparison["tests"][name]
-            test["verdict"] = EQUIVALENT if test["equivalent"] else INCONCLUSIVE
+            test["verdict"] = (NO_VARIATION if test.get("no_variation") else EQUIVALENT if test["equivalent"]
+                               else INCONCLUSIVE)
     for comparison in comparisons:
-        verdicts = [comparison["tests"][name]["verdict"] for name in TESTS]
+        verdicts = [comparison["tests"][name]["verdict"] for name in TESTS
+                    if comparison["tests"][name]["verdict"] != NO_VARIATION]
         comparison["family_size"] = len(flat)
         comparison["verdict"] = (DIVERGENT if DIVERGENT in verdicts else EQUIVALENT if set(verdicts) == {EQUIVALENT}
                                  else INCONCLUSIVE)
