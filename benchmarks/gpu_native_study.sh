@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The native backend's figures at real scale on one GPU, through Snakemake, in one go (each part in OUTDIR/<part>):
 #   rollout4b: the rollout check of native against hf on the Qwen3-4B shape (studies/speed-4b.yaml), hf also at a
-#              second seed (the control), all 64 prompts in one call (PER_CALL);
+#              second seed (the control; CONTROL=0 leaves it out), all 64 prompts in one call (PER_CALL), each
+#              sampled ROUNDS x 4 times (default 1);
 #   speed4, speed64: vllm and native trained 6 steps on that shape, each alone on the GPU, at batch 4 and 64
 #              (the decode step against vllm's, start-up, memory: results.json of each).
 # The parts share the study's random 4B model (results/random/model, built once). Set GRPO_EQUIVALENCE_COMMIT where

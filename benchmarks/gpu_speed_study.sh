@@ -4,7 +4,9 @@
 # Writes the study's report, statistics, summaries, logs and versions to OUTDIR, and results.json (the figures
 # per backend, benchmarks/performance_results.py).
 # BACKENDS="vllm native" keeps only those backends of the study (the first one its reference); BATCH=64 sets the
-# rollout's batch (per_device_train_batch_size, num_generations as the study's); STATS_ONLY=1 trains and records
+# rollout's batch, the completions generated at once (gradient_accumulation_steps = BATCH / the study's
+# per_device_train_batch_size: TRL generates for the whole optimizer step at once, then trains in micro-batches of
+# the study's size, whose memory a 4B model's trainer can hold); STATS_ONLY=1 trains and records
 # the runs without the rollout checks and the report (the speed figures need only the runs).
 # Usage: benchmarks/gpu_speed_study.sh [OUTDIR] [GPUS] [STUDY]   (GPUS: train jobs at once)
 set -euo pipefail
@@ -18,7 +20,10 @@ config = yaml.safe_load(open(sys.argv[1]))
 if sys.argv[3].split():
     config.update(backends=sys.argv[3].split(), reference=sys.argv[3].split()[0])
 if sys.argv[4]:
-    config["grpo"]["per_device_train_batch_size"] = int(sys.argv[4])
+    batch, micro = int(sys.argv[4]), config["grpo"]["per_device_train_batch_size"]
+    if batch % micro:
+        sys.exit(f"BATCH={batch} is not a multiple of the study's per_device_train_batch_size {micro}")
+    config["grpo"]["gradient_accumulation_steps"] = batch // micro
 yaml.safe_dump(config, open(sys.argv[2], "w"), sort_keys=False)
 PY
 study="$out/study.yaml"
