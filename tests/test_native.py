@@ -80,6 +80,56 @@ def test_merged_weights_follow_the_trainers_and_leave_them_unchanged(tiny, prime
     assert torch.allclose(native.layers[0].qkv[:q_rows], expected)
 
 
+def test_a_new_merge_is_written_in_place_one_layer_at_a_time(tiny, primed, monkeypatch):
+    """After an optimizer step the merge lands in the tensors the decode step holds, one layer's fresh merge alive
+    at a time (a second merged copy of the whole model was the 4B run's peak memory)."""
+    import weakref
+
+    tokenizer, prompts = tiny
+    model = with_adapters(AutoModelForCausalLM.from_pretrained(primed["model"]))
+    native = decoder.Decoder(model, compiled=False)
+    native.refresh()
+    held = [layer.qkv for layer in native.layers]
+    alive, most = [], []
+    merge = decoder._merged_layer
+
+    def counted(block):
+        most.append(sum(ref() is not None for ref in alive))  # earlier layers' fresh merges still held
+        fresh = merge(block)
+        alive.append(weakref.ref(fresh.qkv))
+        return fresh
+
+    monkeypatch.setattr(decoder, "_merged_layer", counted)
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.requires_grad).add_(0.1)
+    assert native.refresh()
+    assert len(most) == len(native.layers) >= 2 and max(most) == 0
+    assert all(layer.qkv is tensor for layer, tensor in zip(native.layers, held, strict=True))
+    layer = model.get_base_model().model.layers[0].self_attn.q_proj
+    rows = layer.base_layer.weight.shape[0]
+    assert torch.allclose(native.layers[0].qkv[:rows], layer.base_layer.weight + layer.get_delta_weight("default"))
+
+
+def test_a_weight_read_where_it_lies_is_never_written(tiny, primed):
+    """Merged while the adapters were off, o_proj's weight is the trainer's own tensor; once they are on again the
+    new merge takes its place (the graphs captured anew) and the trainer's weight is left as it was."""
+    tokenizer, prompts = tiny
+    model = with_adapters(AutoModelForCausalLM.from_pretrained(primed["model"]))
+    generation = GenerationConfig(max_new_tokens=4, do_sample=True, top_k=1)
+    native = decoder.Decoder(model, compiled=False)
+    o_proj = model.get_base_model().model.layers[0].self_attn.o_proj
+    before = o_proj.base_layer.weight.detach().clone()
+    with model.disable_adapter():
+        native.generate(prompts, generation, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    assert native.layers[0].o.data_ptr() == o_proj.base_layer.weight.data_ptr() and native._states
+    with torch.no_grad():
+        next(p for p in model.parameters() if p.requires_grad).add_(0.1)
+    assert native.refresh()
+    assert torch.equal(o_proj.base_layer.weight, before)
+    assert native.layers[0].o.data_ptr() != o_proj.base_layer.weight.data_ptr() and not native._states
+    assert torch.allclose(native.layers[0].o, before + o_proj.get_delta_weight("default"))
+
+
 def test_an_architecture_it_does_not_decode_is_refused_by_name():
     from transformers import GPT2Config
 

@@ -94,6 +94,22 @@ class Layer:
     k_norm: object
 
 
+def _merged_layer(block) -> Layer:
+    """A decoder layer's weights with the adapters merged, fused where a step reads them together."""
+    import torch
+
+    attn, mlp = block.self_attn, block.mlp
+    (q, qb), (k, kb), (v, vb) = _weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj)
+    o, ob = _weight(attn.o_proj)
+    (g, _), (u, _), (d, _) = _weight(mlp.gate_proj), _weight(mlp.up_proj), _weight(mlp.down_proj)
+    biases = (qb, kb, vb)
+    return Layer(qkv=torch.cat([q, k, v]), qkv_bias=torch.cat(biases) if all(b is not None for b in biases) else None,
+                 o=o, o_bias=ob, gate_up=torch.cat([g, u]), down=d, input_norm=block.input_layernorm.weight.detach(),
+                 post_norm=block.post_attention_layernorm.weight.detach(),
+                 q_norm=attn.q_norm.weight.detach() if hasattr(attn, "q_norm") else None,
+                 k_norm=attn.k_norm.weight.detach() if hasattr(attn, "k_norm") else None)
+
+
 class Decoder:
     """The merged weights of a causal LM, and a prefill and a decode step over a static KV cache. `compiled`: the
     decode step compiled and replayed as CUDA graphs (None: on a GPU)."""
@@ -122,39 +138,42 @@ class Decoder:
 
     def refresh(self) -> bool:
         """Merges the weights again when a trainable one changed since the last merge; whether it did. A new merge
-        is copied into the tensors of the first one, whose addresses the decode graphs hold."""
+        is written, one layer at a time, into the tensors of the first one (the decode graphs hold their
+        addresses): it never holds a second merged copy of the model, which would be the run's peak memory."""
         version = self.version()
         if version == self._version:
             return False
-        torch = self.torch
-        with torch.no_grad():
+        with self.torch.no_grad():
             inner = self.lm.model
             self.embed = inner.embed_tokens.weight.detach()
             self.norm = inner.norm.weight.detach()
-            head = _weight(self.lm.lm_head)
-            layers = []
-            for block in inner.layers:
-                attn, mlp = block.self_attn, block.mlp
-                (q, qb), (k, kb), (v, vb) = _weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj)
-                o, ob = _weight(attn.o_proj)
-                (g, _), (u, _), (d, _) = _weight(mlp.gate_proj), _weight(mlp.up_proj), _weight(mlp.down_proj)
-                biases = (qb, kb, vb)
-                layers.append(Layer(
-                    qkv=torch.cat([q, k, v]), qkv_bias=torch.cat(biases) if all(b is not None for b in biases) else None,
-                    o=o, o_bias=ob, gate_up=torch.cat([g, u]), down=d,
-                    input_norm=block.input_layernorm.weight.detach(), post_norm=block.post_attention_layernorm.weight.detach(),
-                    q_norm=attn.q_norm.weight.detach() if hasattr(attn, "q_norm") else None,
-                    k_norm=attn.k_norm.weight.detach() if hasattr(attn, "k_norm") else None))
-            if self.layers is None or not self._states:
-                self.layers, (self.lm_head, self.lm_head_bias) = layers, head
-            else:  # graphs hold the old tensors: the new values go into them
-                pairs = [(getattr(old, f.name), getattr(fresh, f.name))
-                         for old, fresh in zip(self.layers, layers, strict=True) for f in fields(Layer)]
-                for held, value in pairs + list(zip((self.lm_head, self.lm_head_bias), head, strict=True)):
-                    if held is not None and held.data_ptr() != value.data_ptr():
-                        held.copy_(value)
+            if self.layers is None:
+                self.layers = [_merged_layer(block) for block in inner.layers]
+                self.lm_head, self.lm_head_bias = _weight(self.lm.lm_head)
+            else:
+                owned = {p.data_ptr() for p in self.lm.parameters()}
+                for held, block in zip(self.layers, inner.layers, strict=True):
+                    fresh = _merged_layer(block)  # one layer's merge at a time
+                    for f in fields(Layer):
+                        setattr(held, f.name, self._into(getattr(held, f.name), getattr(fresh, f.name), owned))
+                    del fresh  # freed before the next layer's merge
+                head = _weight(self.lm.lm_head)
+                self.lm_head, self.lm_head_bias = (self._into(self.lm_head, head[0], owned),
+                                                   self._into(self.lm_head_bias, head[1], owned))
         self._version = version
         return True
+
+    def _into(self, held, value, owned: set):
+        """`value` written into `held`, the tensor the graphs read, and `held` returned; a tensor of the trainer's
+        own (a weight without adapters, read where it lies) is never written: where it now needs a merged copy
+        (an adapter turned on), the copy takes its place and the graphs are captured again."""
+        if held is None or value is None or held.data_ptr() == value.data_ptr():
+            return value
+        if held.data_ptr() in owned:
+            self._states.clear()
+            return value
+        held.copy_(value)
+        return held
 
     def _rms(self, x, weight):
         return _rms(x, weight, self.eps)
