@@ -89,23 +89,26 @@ def test_the_h200_rollout_check_covers_every_backend_and_its_report_section_come
         {label.split(" (")[0]: verdict for label, verdict in verdicts.items()}
 
 
-def test_the_packed_h200_example_holds_twelve_paired_seeds_and_its_figures_come_from_them():
-    """docs/examples/h200-packed-study: the runs, which of them had the GPU alone, and packing.json recomputed from
-    the committed statistics, job logs and Snakemake's log."""
+@pytest.mark.parametrize("name", ["h200-packed-study", "h200-packed-study-12seeds"])
+def test_a_packed_h200_example_holds_its_paired_seeds_and_its_figures_come_from_them(name):
+    """docs/examples/h200-packed-study*: the runs (every backend at each of the study's seeds), which of them had
+    the GPU alone, and packing.json recomputed from the committed statistics, job logs and Snakemake's log."""
     import importlib.util
     import json
 
     import yaml
 
-    example = ROOT / "docs" / "examples" / "h200-packed-study"
-    seed = yaml.safe_load((example / "study.yaml").read_text())["grpo"]["seed"]
+    example = ROOT / "docs" / "examples" / name
+    study = yaml.safe_load((example / "study.yaml").read_text())
+    seed, count = study["grpo"]["seed"], study["replicates"]["reference"]
+    assert study["replicates"]["others"] == count >= 8
     runs = [stats.load(p) for p in stats_files(example / "stats")]
     seeds = {}
     for run in runs:
         seeds.setdefault(run["backend"], []).append(run["seed"])
         lease = run["environment"]["gpu_lease"]
         assert lease["whole"] == (run["seed"] == seed) and (lease["shared_with"] == []) == (run["seed"] == seed)
-    assert {b: sorted(s) for b, s in seeds.items()} == {b: list(range(seed, seed + 12)) for b in (
+    assert {b: sorted(s) for b, s in seeds.items()} == {b: list(range(seed, seed + count)) for b in (
         "vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm")}
     spec = importlib.util.spec_from_file_location("packing_results", ROOT / "benchmarks" / "packing_results.py")
     module = importlib.util.module_from_spec(spec)
@@ -125,7 +128,7 @@ def test_same_runs_finds_a_run_whose_training_numbers_changed(tmp_path):
     import json
     import shutil
 
-    example = ROOT / "docs" / "examples" / "h200-packed-study" / "stats"
+    example = ROOT / "docs" / "examples" / "h200-packed-study-12seeds" / "stats"
     copy = tmp_path / "stats"
     shutil.copytree(example, copy)
     changed = copy / "grpo_hf_30_seed3422.json.gz"
