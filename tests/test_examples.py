@@ -66,6 +66,51 @@ def test_performance_results_come_from_their_statistics():
     assert module.markdown(committed) in (folder / "README.md").read_text()
 
 
+@pytest.mark.parametrize("name, backends", [("workflow-native", {"vllm", "native"}),
+                                            ("workflow-native-batch64", {"vllm", "native"}),
+                                            ("workflow-native-gc", {"native"})])
+def test_the_native_backends_performance_figures_come_from_their_runs(name, backends):
+    """docs/performance's native runs: each results.json is what its runs give, its table is in the README, and
+    the decode-step ratios the README states are those of the runs (at most 1.0 x vllm's at batch 4, 1.25 x at 64)."""
+    import importlib.util
+    import json
+
+    import yaml
+
+    folder = ROOT / "docs" / "performance" / name
+    spec = importlib.util.spec_from_file_location("performance_results", ROOT / "benchmarks" / "performance_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    study = yaml.safe_load((folder / "study.yaml").read_text())
+    recomputed = module.results(folder / "stats", study)
+    committed = json.loads((folder / "results.json").read_text())
+    assert json.loads(stats.to_json(recomputed)) == committed
+    figures = committed["backends"]["qwen3-4b"]
+    assert set(figures) == backends and committed["commit"] == ["8f48144"]
+    assert module.markdown(committed) in (folder.parent / "README.md").read_text()
+    if "vllm" in figures:
+        ratio = figures["native"]["decode_ms_per_step"] / figures["vllm"]["decode_ms_per_step"]
+        batch = study["grpo"]["per_device_train_batch_size"] * study["grpo"]["gradient_accumulation_steps"]
+        assert ratio <= {4: 1.0, 64: 1.25}[batch]
+        assert figures["native"]["startup_s"] <= 60
+
+
+def test_the_native_rollout_check_on_the_4b_shape_is_equivalent_to_hfs():
+    from grpo_equivalence import rollout, rollout_verdict
+
+    folder = ROOT / "docs" / "performance" / "rollout-native-4b" / "rollout"
+    ref, cand = rollout.load(folder / "hf.json.gz"), rollout.load(folder / "native.json.gz")
+    assert len(ref["completions"]) == len(cand["completions"]) == 512
+    comparison = rollout_verdict.compare(ref, cand, alpha=0.05, support_margin=0.001, margin_sd=0.1)
+    rollout_verdict.finalize([comparison], 0.05)
+    tests = comparison["tests"]
+    assert comparison["verdict"] == "equivalent"
+    assert tests["support"]["verdict"] == tests["score"]["verdict"] == "equivalent"
+    assert tests["completion_length"]["verdict"] == tests["reward"]["verdict"] == rollout_verdict.NO_VARIATION
+    readme = (ROOT / "docs" / "performance" / "README.md").read_text()
+    assert f"{tests['score']['difference']:.5f} (SE {tests['score']['se']:.5f})" in readme
+
+
 def test_the_h200_rollout_check_covers_every_backend_and_its_report_section_comes_from_its_files():
     from helpers import tables_headed
 
