@@ -56,9 +56,15 @@ def markdown(data: dict) -> str:
              "Rollout tok/s | Start-up (s) | Peak device (GB) | Peak allocated (GB) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     fmt = lambda v, d: "not recorded" if v is None else f"{v:.{d}f}"  # noqa: E731
+
+    def ratio(decode):
+        if "vllm" not in data["backends"][data["shape"]]:
+            return "no vllm run"  # a study of other backends: nothing to divide by, not a missing figure
+        return fmt(decode / ref if ref and decode else None, 2)
+
     for name, f in data["backends"][data["shape"]].items():
         lines.append(f"| {name} | {fmt(f['median_step_s'], 2)} | {fmt(f['rollout_s'], 2)} | {fmt(f['median_training_s'], 2)} "
-                     f"| {fmt(f['decode_ms_per_step'], 2)} | {fmt(f['decode_ms_per_step'] / ref if ref and f['decode_ms_per_step'] else None, 2)} "
+                     f"| {fmt(f['decode_ms_per_step'], 2)} | {ratio(f['decode_ms_per_step'])} "
                      f"| {fmt(f['decode_over_floor'], 1)} | {fmt(f['rollout_tokens_per_s'], 0)} | {fmt(f['startup_s'], 0)} "
                      f"| {fmt(f['peak_device_gb'], 1)} | {fmt(f['peak_allocated_gb'], 1)} |")
     return "\n".join(lines) + "\n"
