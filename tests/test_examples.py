@@ -43,27 +43,40 @@ def test_an_h200_example_has_vllm_as_reference_against_every_backend():
     assert len(commits) == 1 and commits.pop()[:7] in (example / "README.md").read_text()
 
 
-def test_performance_results_come_from_their_statistics():
-    """docs/performance: results.json and the README's table are what the committed runs give."""
+def _benchmark(name: str):
+    """A script of benchmarks/ as a module (the folder is no package)."""
     import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _performance_results(folder, readme) -> dict:
+    """A folder's results.json, checked against what its runs give and against its table in `readme`."""
     import json
 
     import yaml
 
-    folder = ROOT / "docs" / "performance"
-    spec = importlib.util.spec_from_file_location("performance_results", ROOT / "benchmarks" / "performance_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("performance_results")
     recomputed = module.results(folder / "stats", yaml.safe_load((folder / "study.yaml").read_text()))
     committed = json.loads((folder / "results.json").read_text())
     assert json.loads(stats.to_json(recomputed)) == committed
+    assert module.markdown(committed) in readme.read_text()
+    return committed
+
+
+def test_performance_results_come_from_their_statistics():
+    """docs/performance: results.json and the README's table are what the committed runs give."""
+    folder = ROOT / "docs" / "performance"
+    committed = _performance_results(folder, folder / "README.md")
     figures = committed["backends"]["qwen3-4b"]
     assert set(figures) == {"vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm"}
     for f in figures.values():
         for key in ("median_step_s", "rollout_s", "decode_ms_per_step", "rollout_tokens_per_s", "peak_device_gb"):
             assert isinstance(f[key], float) and f[key] > 0, key
     assert committed["bandwidth_floor_ms"] > 1 and committed["commit"]
-    assert module.markdown(committed) in (folder / "README.md").read_text()
 
 
 @pytest.mark.parametrize("name, backends, commit", [("workflow-native", {"vllm", "native"}, "8f48144"),
@@ -74,22 +87,13 @@ def test_performance_results_come_from_their_statistics():
 def test_the_native_backends_performance_figures_come_from_their_runs(name, backends, commit):
     """docs/performance's native runs: each results.json is what its runs give, its table is in the README, and
     the decode-step ratios the README states are those of the runs (at most 1.0 x vllm's at batch 4, 1.25 x at 64)."""
-    import importlib.util
-    import json
-
     import yaml
 
     folder = ROOT / "docs" / "performance" / name
-    spec = importlib.util.spec_from_file_location("performance_results", ROOT / "benchmarks" / "performance_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    committed = _performance_results(folder, folder.parent / "README.md")
     study = yaml.safe_load((folder / "study.yaml").read_text())
-    recomputed = module.results(folder / "stats", study)
-    committed = json.loads((folder / "results.json").read_text())
-    assert json.loads(stats.to_json(recomputed)) == committed
     figures = committed["backends"]["qwen3-4b"]
     assert set(figures) == backends and committed["commit"] == [commit]
-    assert module.markdown(committed) in (folder.parent / "README.md").read_text()
     if "vllm" in figures:
         ratio = figures["native"]["decode_ms_per_step"] / figures["vllm"]["decode_ms_per_step"]
         batch = study["grpo"]["per_device_train_batch_size"] * study["grpo"]["gradient_accumulation_steps"]
@@ -142,7 +146,6 @@ def test_the_h200_rollout_check_covers_every_backend_and_its_report_section_come
 def test_a_packed_h200_example_holds_its_paired_seeds_and_its_figures_come_from_them(name):
     """docs/examples/h200-packed-study*: the runs (every backend at each of the study's seeds), which of them had
     the GPU alone, and packing.json recomputed from the committed statistics, job logs and Snakemake's log."""
-    import importlib.util
     import json
 
     import yaml
@@ -159,9 +162,7 @@ def test_a_packed_h200_example_holds_its_paired_seeds_and_its_figures_come_from_
         assert lease["whole"] == (run["seed"] == seed) and (lease["shared_with"] == []) == (run["seed"] == seed)
     assert {b: sorted(s) for b, s in seeds.items()} == {b: list(range(seed, seed + count)) for b in (
         "vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm")}
-    spec = importlib.util.spec_from_file_location("packing_results", ROOT / "benchmarks" / "packing_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("packing_results")
     recomputed = module.main([str(example)])
     assert json.loads(json.dumps(recomputed)) == json.loads((example / "packing.json").read_text())
     readme = (example / "README.md").read_text()
@@ -173,7 +174,6 @@ def test_a_packed_h200_example_holds_its_paired_seeds_and_its_figures_come_from_
 def test_same_runs_finds_a_run_whose_training_numbers_changed(tmp_path):
     """benchmarks/same_runs.py on the packed example against a copy of it with one step's loss changed."""
     import gzip
-    import importlib.util
     import json
     import shutil
 
@@ -184,8 +184,6 @@ def test_same_runs_finds_a_run_whose_training_numbers_changed(tmp_path):
     run = json.loads(gzip.decompress(changed.read_bytes()))
     run["steps"][5]["loss"] += 1e-9
     changed.write_bytes(gzip.compress(json.dumps(run).encode()))
-    spec = importlib.util.spec_from_file_location("same_runs", ROOT / "benchmarks" / "same_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("same_runs")
     result = module.main([str(example), str(copy)])
     assert result["shared_runs"] == 72 and result["differ"] == ["hf x 30 seed 3422"]
