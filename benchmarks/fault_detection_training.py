@@ -4,8 +4,8 @@ reseeded reference divergent.
 Each repetition is one report of the tiny study at its longest step count (studies/tiny.yaml: replicates.reference
 runs of the reference, as many of each candidate): the reference with seeds s, s+1, ...; every fault of
 grpo_equivalence.faults on the reference backend with the same seeds (paired, as a study runs them); and the
-control, the reference again with seeds of its own (compared unpaired). All are judged together as the report
-judges them (compare, then Holm over every metric of every candidate, weighted towards the headline metrics).
+control, the reference again with seeds of its own (compared unpaired). Each is judged as the report judges it
+(compare: Holm over the metrics of its comparison, weighted towards the headline metrics).
 Prints, per candidate, the share of repetitions with a metric called divergent, and writes the counts as JSON.
 
     python benchmarks/fault_detection_training.py [--reps 8] [--jobs 14] [--out FILE] [--steps N] [--runs N]
@@ -74,8 +74,6 @@ def main() -> None:
         reference, *groups = [loaded[i:i + runs] for i in range(0, per_rep, runs)]
         comparisons = [compare(reference, group, alpha=config["verdict"]["alpha"], margin=config["verdict"]["margin"])
                        for group in groups]
-        verdict.finalize([c["metrics"][m]["verdict"] for c in comparisons for m in verdict.METRICS],
-                         [m in verdict.HEADLINE for _ in comparisons for m in verdict.METRICS])
         for name, comparison in zip(candidates, comparisons, strict=True):
             found = [comparison["metrics"][m]["verdict"]["verdict"] for m in verdict.METRICS]
             judged = [v for v in found if v != verdict.NOT_LOGGED]

@@ -158,3 +158,38 @@ def test_a_confound_is_a_warning_about_a_sampling_setting_not_a_kernel_name():
                           "Triton kernel JIT compilation during inference: _topk_topp_kernel. This causes a latency spike")])
     assert [w["message"] for w in kept] == ["Processor MinPLogitsWarper might not be supported by CB.",
                                             "top_k is ignored here"]
+
+
+def test_each_comparison_is_its_own_holm_family():
+    """A candidate's verdicts are those of its comparison alone: another candidate in the report changes none of
+    them. Here hf_static's kl is divergent inside its own family (6 metrics, 3 of them headline) with a p that a
+    family of both candidates' metrics would not reject."""
+    import math
+    import statistics
+
+    from grpo_equivalence import report, runs as run_files, verdict
+    from grpo_equivalence.compare import compare
+
+    seeds, offsets = [3407, 3408, 3409, 3410, 3411], [-1.26, -0.63, 0.0, 0.63, 1.26]  # offsets: mean 0, SD 1
+
+    def run(backend, seed, shift):
+        level = math.exp(0.3 * seeds.index(seed) + shift)
+        return make_stats(backend, 6, seed=seed, kl=lambda i: level)
+
+    shifted = lambda seed: 1.0 + 0.32 * offsets[seeds.index(seed)]  # noqa: E731
+    groups = {"hf": [run("hf", s, 0.0) for s in seeds], "hf_static": [run("hf_static", s, shifted(s)) for s in seeds],
+              "cb_paged": [run("cb_paged", s, shifted(s)) for s in seeds]}
+    files = {f"/x/grpo_{b}_6{'' if s == 3407 else f'_seed{s}'}.json": r
+             for b, group in groups.items() for s, r in zip(seeds, group)}
+    judged = report.judged(files, "hf")
+    tables = report.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(files), "hf")
+    in_report = {pair["candidate"]: pair["metrics"] for pair in tables[0]["pairs"]}
+    alone = compare(groups["hf"], groups["hf_static"])["metrics"]
+    kl = in_report["hf_static"]["kl"]["verdict"]
+    look_alpha = verdict.look(5)["alpha"]
+    # the window: within the comparison's own family, not within one of both candidates' headline tests
+    assert look_alpha * verdict.HEADLINE_SHARE / 6 < kl["p_value"] <= look_alpha * verdict.HEADLINE_SHARE / 3
+    assert kl["verdict"] == verdict.DIVERGENT and kl["family_size"] == len(verdict.METRICS)
+    for metric in verdict.METRICS:
+        assert in_report["hf_static"][metric]["verdict"]["verdict"] == alone[metric]["verdict"]["verdict"], metric
+    assert statistics.fmean([in_report[c]["kl"]["verdict"]["difference"] for c in in_report]) == pytest.approx(1.0)

@@ -98,8 +98,8 @@ def test_replicates_ran_with_their_own_seeds(study):
 
 
 def test_report_verdicts_match_the_statistics(study):
-    """Every verdict and its evidence, recomputed here from the statistics files of all seeds: each comparison,
-    then Holm over every metric of every comparison of the report."""
+    """Every verdict and its evidence, recomputed here from the statistics files of all seeds: each comparison
+    with Holm over its own metrics (its family; no correction across the candidates)."""
     from grpo_equivalence import verdict
     from grpo_equivalence.compare import compare
 
@@ -113,8 +113,6 @@ def test_report_verdicts_match_the_statistics(study):
         for candidate in CANDIDATES:
             cands = [load(study, candidate, steps, s if s != 3407 else None) for s in seeds(candidate)]
             expected[(steps, candidate)] = compare(refs, cands)["metrics"]
-    verdict.finalize([m[metric]["verdict"] for m in expected.values() for metric in verdict.METRICS],
-                     [metric in verdict.HEADLINE for m in expected.values() for metric in verdict.METRICS])
     for steps, verdicts, evidence in zip(STEPS, verdict_tables, evidence_tables):
         assert [row["Candidate"] for row in verdicts] == list(CANDIDATES)
         for candidate, verdict_row in zip(CANDIDATES, verdicts):

@@ -61,7 +61,7 @@ def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: fl
         functions[name] = {**step_differences(reference, candidate, key),
                            "seed_floor": statistics.fmean(floor["pairwise_abs_diff"]) if floor else None,
                            "verdict": verdict.judge_runs(reference_runs, candidate_runs, key, alpha=alpha, margin=margin)}
-    # Holm over the metrics of this comparison (a report corrects again over all of its comparisons)
+    # Holm over the metrics of this comparison: its family (a user switches to one backend at a time; see verdict)
     verdict.finalize([metrics[m]["verdict"] for m in COMPARED] + [f["verdict"] for f in functions.values()],
                      [m in verdict.HEADLINE for m in COMPARED] + [False] * len(functions))
     return {"reference": reference["backend"], "candidate": candidate["backend"], "max_steps": reference["max_steps"],

@@ -64,8 +64,8 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
                 alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN) -> list[dict]:
     """Per step count: the runs' summaries with % of the reference's speed, the comparisons with their
     verdicts, the confounds of each candidate, each candidate against the reference of its own trainer stack,
-    and the settings that differ between the backends. Every verdict of the report is then corrected together
-    (Holm over the whole family)."""
+    and the settings that differ between the backends. Each comparison is its own Holm family (compare): a user
+    switches to one backend at a time, and the calibration's error rates are those of one comparison."""
     from .backends import stack
 
     tables = []
@@ -90,13 +90,6 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
                        "backends": sorted(runs), "mismatch": any(row.get("sampler_mismatch") for row in rows),
                        "seeds": {backend: [r["seed"] for r in group] for backend, group in sorted(runs.items())},
                        "gpu_sharing": gpu_sharing(runs)})
-    # One family: every metric and reward function of every comparison, the candidates' headline metrics against the
-    # reference weighted as verdict.HEADLINE_SHARE says
-    family = [(pair["metrics"][m]["verdict"], kind == "pairs" and m in verdict.HEADLINE)
-              for table in tables for kind in ("pairs", "stack_pairs") for pair in table[kind] for m in COMPARED]
-    family += [(f["verdict"], False) for table in tables for pair in table["pairs"] + table["stack_pairs"]
-               for f in pair.get("reward_functions", {}).values()]
-    verdict.finalize([v for v, _ in family], [h for _, h in family])
     return tables
 
 

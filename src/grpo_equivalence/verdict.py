@@ -21,11 +21,14 @@ give the seed-to-seed standard deviation s of that summary (pooled over both bac
   its power.
 - equivalent: the equivalence test rejects |d| >= margin at the look's alpha;
 - divergent: otherwise, if the test of d = 0 rejects at the look's alpha after Holm's correction over the
-  family judged together (the metrics of one comparison here; every metric of every candidate in a report).
-  The correction is weighted: the headline tests (HEADLINE metrics of a candidate against the reference, the
-  question a study asks) share HEADLINE_SHARE of alpha, every other test of the family the rest, so that the
-  family-wise error over everything the report judges stays at alpha while a report of many metrics, reward
-  functions and trainer-stack comparisons does not dilute its headline;
+  family judged together: every metric and reward function of one comparison (a candidate against the
+  reference, or against the reference of its trainer stack). A user switches to one backend at a time, so the
+  error that matters is a comparison's, as in a trial of several arms against one control, where each arm is
+  its own question (Howard et al., Stat Methods Med Res 2018); the calibration measures exactly that, and a
+  report of five candidates that are all equivalent calls one of them divergent with up to five times it.
+  The correction is weighted: the headline tests (HEADLINE metrics, the question a study asks) share
+  HEADLINE_SHARE of alpha, every other test of the family the rest, so that the family-wise error stays at
+  alpha while many metrics and reward functions do not dilute the headline;
 - inconclusive: neither; also with fewer than 2 runs of the reference and fewer than 2 shared seeds;
 - not logged: a run lacks the metric (never 0).
 
@@ -307,7 +310,7 @@ def headline_weights(headline: list[bool]) -> list[float]:
 
 
 def finalize(verdicts: list[dict], headline: list[bool] | None = None) -> list[dict]:
-    """The verdicts judged together (every metric of every comparison of a report): divergence by Holm over the
+    """The verdicts judged together (every metric of one comparison): divergence by Holm over the
     whole family at the smallest look alpha among them, weighted so that the tests `headline` marks share
     HEADLINE_SHARE of it; equivalence as each test found it. Changes them in place."""
     marks = headline if headline is not None else [False] * len(verdicts)
