@@ -74,13 +74,31 @@ def test_alternate_recorder_does_the_full_work_on_odd_steps_only(primed, tiny_st
     assert all(s["wall_s"] > 0 and s["profile"]["GRPOTrainer.transformers.generate"] > 0 for s in steps)
 
 
-def test_a_run_with_a_compile_cache_marks_it_warm_after_its_first_step(primed, tiny_study, tmp_path):
-    from grpo_equivalence import runcache
+COMPILE_PROBE = """
+import json, torch
+from grpo_equivalence import train
+assert train.compile_counts() is None  # nothing compiled yet
+f = torch.compile(lambda x: (x.sin() * 2).sum())
+f(torch.randn(8, requires_grad=True)).backward()
+print(json.dumps(train.compile_counts()))
+"""
 
-    (tmp_path / "compile").mkdir()
-    train.run(tiny_study, "hf", 2, model_path=primed["model"], dataset=primed["dataset"], out=tmp_path / "s.json",
-              compile_cache=tmp_path / "compile", log=lambda s: None)
-    assert (tmp_path / "compile" / runcache.WARM).exists()
+
+def test_a_run_records_what_torch_compile_compiled_and_what_the_shared_cache_served(tmp_path):
+    """The second process of a compile-cache folder finds its graphs there (the record a slow first step is read
+    against: misses or bypasses with a warm folder say the cache did not serve it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "t")}
+    first, second = (json.loads(subprocess.run([sys.executable, "-c", COMPILE_PROBE], env=env, capture_output=True,
+                                               text=True, check=True, timeout=300).stdout) for _ in range(2))
+    assert first["graphs"] == second["graphs"] == 1
+    assert first["fx_graph_cache"]["miss"] >= 1 and first["fx_graph_cache"]["hit"] == 0
+    assert second["fx_graph_cache"]["hit"] == first["fx_graph_cache"]["miss"] and second["fx_graph_cache"]["miss"] == 0
+    assert second["autograd_cache"]["hit"] == 1
 
 
 def test_timestamps_recorder_records_step_times_only(primed, tiny_study, tmp_path):

@@ -186,53 +186,6 @@ def use_compile_caches(args: dict, folder: Path = COMPILE_CACHE) -> Path | None:
     return shared
 
 
-# The first run of a compile-cache folder compiles alone: the others of its key wait for its first step (where
-# Unsloth compiles; vLLM compiles at its engine start, before it) and then find the kernels there, instead of a
-# dozen packed runs compiling the same kernels at once over the same cores. WARM marks a folder whose first step
-# is done; a run that died before it leaves no mark, and the next run to start compiles instead.
-WARM = ".warm"
-
-
-class FirstCompile:
-    """The gate of one compile-cache folder (None: no gate). `enter` before training: waits while another run of
-    the folder is in its first step, or takes the gate if the folder is cold; `callback()` opens it again after
-    this run's first step."""
-
-    def __init__(self, folder: Path | None):
-        self.folder, self._held = (None if folder is None else Path(folder)), None
-
-    def enter(self, log=print) -> None:
-        import fcntl
-
-        if self.folder is None or (self.folder / WARM).exists():
-            return
-        handle = open(self.folder / ".first-step.lock", "a")
-        began = time.monotonic()
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        if (self.folder / WARM).exists():
-            handle.close()
-            log(f"waited {time.monotonic() - began:.0f} s for the first run of these settings to compile")
-            return
-        self._held = handle
-
-    def done(self) -> None:
-        if self._held is not None:
-            (self.folder / WARM).write_text("")
-            self._held.close()
-            self._held = None
-
-    def callback(self):
-        from transformers import TrainerCallback
-
-        gate = self
-
-        class OpenAfterFirstStep(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                gate.done()
-
-        return OpenAfterFirstStep()
-
-
 def entry(run_key: str, cache: Path = Path(RUN_CACHE)) -> Path:
     return Path(cache) / f"{run_key}.json"
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import backends, environment, faults, gpus, memory, rewards, runcache, stats
+from . import backends, environment, faults, gpus, memory, rewards, stats
 from .answer_format import CHAT_TEMPLATE
 from .data import load_problems
 from .runwarnings import WarningLog
@@ -193,11 +193,8 @@ def progress(total: int, label: str, log=print):
 
 
 def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dataset: dict, out: Path,
-        gpu_lease=None, study: str = "study", adapter: Path | None = None, compile_cache: Path | None = None,
-        log=print, write=stats.write) -> dict:
+        gpu_lease=None, study: str = "study", adapter: Path | None = None, log=print, write=stats.write) -> dict:
     """Trains and writes `out` (with `write`: the train job's also keeps the run where `out` cannot be written).
-    `compile_cache`: the study's shared compile-cache folder of this run's settings (runcache.use_compile_caches),
-    whose first run compiles before the others train (runcache.FirstCompile).
     `model_path`/`dataset` are the config's, resolved (tiny study: built files). `gpu_lease`: the lease's record,
     or a function that gives it once training is over (which runs shared the GPU meanwhile)."""
     import torch
@@ -216,13 +213,11 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
     recorder = stats.make_recorder(probe, torch.cuda.synchronize if device == "cuda" else lambda: None,
                                    mode=recorder_mode)
     label = f"[{backend_name} x {max_steps}]"
-    gate = runcache.FirstCompile(compile_cache)
     with session(config, backend_name, max_steps, model_path=model_path, dataset=dataset,
-                 callbacks=[recorder, progress(max_steps, label, log), gate.callback()],
+                 callbacks=[recorder, progress(max_steps, label, log)],
                  tracking=tracked(config, backend_name, max_steps, study), startup_began=startup_began,
                  log=log) as built:
         trainer = built.trainer
-        gate.enter(log)  # start-up, not training: a packed run waits here for the first to compile
         startup_memory = probe.read()  # peaks since the process began, and what is in use before step 1
         log(f"[{backend_name} x {max_steps}] training")
         started_at = time.time()
@@ -239,6 +234,11 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         alone = not lease or lease.get("whole", True)
         bandwidth = memory.device_bandwidth_gbs() if device == "cuda" and alone else None
         warnings = built.warned.records()
+        compiled = compile_counts()
+        if compiled:
+            log(f"{label} torch.compile in this process: {compiled['graphs']} graphs; FX graph cache "
+                + ", ".join(f"{n} {k}" for k, n in compiled["fx_graph_cache"].items()) + "; AOT autograd cache "
+                + ", ".join(f"{n} {k}" for k, n in compiled["autograd_cache"].items()))
         config_read = {**effective_config(trainer), "rollout_settings": built.rollout_settings,
                        "sampler_seed": config["grpo"]["seed"], "fault": faults.split(backend_name)[1]}
         model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
@@ -274,13 +274,30 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         # seed every sampler of the run was seeded with; an injected fault (None: the backend as it is)
         "effective_config": config_read,
         "environment": {**environment.describe(), "gpu_lease": gpu_lease() if callable(gpu_lease) else gpu_lease,
-                        "memory_bandwidth_gbs": bandwidth,
+                        "memory_bandwidth_gbs": bandwidth, "torch_compile": compiled,
                         # processes that trained the run together (data parallel, grpo_equivalence.parallel)
                         "processes": int(os.environ.get("WORLD_SIZE", "1"))},
     }
     log(f"[{backend_name} x {max_steps}] {len(steps)} steps in {train_wall:.1f} s -> {out}")
     write(out, result)
     return result
+
+
+def compile_counts() -> dict | None:
+    """What torch.compile did in this process: its graphs, and how many of their compilations the shared caches
+    served (hit), had to make (miss) or could not hold (bypass); a first step that stays slow with a warm cache
+    shows why here. None where nothing was compiled."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # a torch without dynamo
+        return None
+    graphs = counters["stats"].get("unique_graphs", 0)
+    if not graphs:
+        return None
+    kinds = ("hit", "miss", "bypass")
+    return {"graphs": graphs,
+            "fx_graph_cache": {k: counters["inductor"].get(f"fxgraph_cache_{k}", 0) for k in kinds},
+            "autograd_cache": {k: counters["aot_autograd"].get(f"autograd_cache_{k}", 0) for k in kinds}}
 
 
 def effective_config(trainer) -> dict:

@@ -21,7 +21,7 @@ elif not cache.restore_allowed:
 a["config"].update(a.get("resolved", {}))  # the reward files and chat template where this job finds them
 if runcache.restore(cache, out) is None:
     train.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
-    compile_cache = runcache.use_compile_caches(a)
+    runcache.use_compile_caches(a)
     keep = lambda path, result: runcache.keep(cache, result, path)  # noqa: E731
     with gpushare.leased_for_job(a) as lease:
         if parallel.processes(a["config"]) > 1:  # a process per leased GPU; this one keeps the bookkeeping
@@ -35,5 +35,4 @@ if runcache.restore(cache, out) is None:
 
             torch.set_num_threads(a["threads"])
             train.run(a["config"], a["backend"], a["steps"], model_path=a["model_path"], dataset=a["dataset"], out=out,
-                      gpu_lease=lease.record, study=a.get("study", "study"), adapter=a.get("adapter"),
-                      compile_cache=compile_cache, write=keep)
+                      gpu_lease=lease.record, study=a.get("study", "study"), adapter=a.get("adapter"), write=keep)
