@@ -13,22 +13,20 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from grpo_equivalence import report, stats  # noqa: E402
-from grpo_equivalence import runs as run_files  # noqa: E402
-
-DECIDING = ("kl", "reward", "completion_length")
+from packing_results import DECIDED, headline_cells  # noqa: E402
 
 
 def decided(pool: dict, seeds: list[int], reference: str) -> dict:
-    """{(candidate, metric): verdict} of a study made of `pool`'s runs at `seeds` (the first the study's seed)."""
+    """{(candidate, metric): decided or not} of a study made of `pool`'s runs at `seeds` (the first the study's
+    seed)."""
     runs = {f"grpo_{backend}_{steps}{'' if i == 0 else f'_seed{seed}'}.json": pool[(backend, steps, seed)]
             for i, seed in enumerate(seeds) for backend, steps, s in pool if s == seed}
-    judged = report.judged(runs, reference)
-    tables = report.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), reference)
-    return {(pair["candidate"], metric): pair["metrics"][metric]["verdict"]["verdict"]
-            for table in tables for pair in table["pairs"] for metric in DECIDING}
+    return {(candidate, metric): v["verdict"] in DECIDED for candidate, metric, _, v in headline_cells(runs, reference)}
 
 
 def main(argv=None) -> dict:
@@ -51,9 +49,9 @@ def main(argv=None) -> dict:
         shares, cells = [], {}
         for _ in range(args.draws):
             found = decided(pool, rng.sample(complete, n), args.reference)
-            shares.append(sum(v in ("equivalent", "divergent") for v in found.values()) / len(found))
-            for cell, v in found.items():
-                cells.setdefault(cell, []).append(v in ("equivalent", "divergent"))
+            shares.append(sum(found.values()) / len(found))
+            for cell, done in found.items():
+                cells.setdefault(cell, []).append(done)
         result[n] = {"mean_share": statistics.fmean(shares), "share_at_least_80": sum(s >= 0.8 for s in shares) / len(shares),
                      "cells": {f"{c} {m}": statistics.fmean(v) for (c, m), v in sorted(cells.items())}}
         print(f"{n} seeds: {100 * result[n]['mean_share']:.0f} % of the cells decided on average, 80 % or more in "

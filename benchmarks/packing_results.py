@@ -12,7 +12,7 @@
   and the share of the packed span in which an engine start was under way (vLLM's "non-default args" line to
   its "init engine ... took" line).
 - Decided: of the candidate x metric cells for kl, reward and completion length, the share the report calls
-  equivalent or divergent (its verdicts, Holm over the report), and for the rest what the next look needs.
+  equivalent or divergent (its verdicts, Holm over each comparison), and for the rest what the next look needs.
 """
 
 import argparse
@@ -31,6 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from grpo_equivalence import report, runs as run_files, summary, verdict  # noqa: E402
 
 DECIDING = verdict.HEADLINE  # the cells a study is asked to decide
+DECIDED = (verdict.EQUIVALENT, verdict.DIVERGENT)
+
+
+def headline_cells(runs: dict, reference: str) -> list[tuple[str, str, int, dict]]:
+    """(candidate, metric, steps, verdict) of every cell a study is asked to decide, judged as its report judges
+    them, from its runs ({path: stats})."""
+    judged = report.judged(runs, reference)
+    tables = report.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), reference)
+    return [(pair["candidate"], metric, table["steps"], pair["metrics"][metric]["verdict"])
+            for table in tables for pair in table["pairs"] for metric in DECIDING]
 
 
 def main(argv=None) -> dict:
@@ -74,17 +84,11 @@ def main(argv=None) -> dict:
             slowdown[backend] = {"alone_median_step_s": statistics.median(mine_alone),
                                  "packed_median_step_s": statistics.median(mine_packed)}
     result["median_step"] = slowdown
-    judged = report.judged(runs, args.reference)
-    tables = report.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), args.reference)
     cells, open_cells = [], []
-    for table in tables:
-        for pair in table["pairs"]:
-            for metric in DECIDING:
-                v = pair["metrics"][metric]["verdict"]
-                cells.append(v["verdict"])
-                if v["verdict"] not in ("equivalent", "divergent"):
-                    open_cells.append(f"{pair['candidate']} {metric} x {table['steps']}: {v['verdict']} "
-                                      f"({v.get('reason', '')})")
+    for candidate, metric, steps, v in headline_cells(runs, args.reference):
+        cells.append(v["verdict"])
+        if v["verdict"] not in DECIDED:
+            open_cells.append(f"{candidate} {metric} x {steps}: {v['verdict']} ({v.get('reason', '')})")
     result["decided"] = {"cells": len(cells), "equivalent": cells.count("equivalent"),
                          "divergent": cells.count("divergent"),
                          "share": (cells.count("equivalent") + cells.count("divergent")) / len(cells) if cells else None,
