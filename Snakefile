@@ -9,7 +9,9 @@ min_version("9.0")
 # read and checked by common.smk, with any other `--config key=value` pairs over it. It is never merged key
 # by key into config.yaml, which would leak the GPU study's settings into others. (`--configfile FILE`
 # works too, but Snakemake then reports a YAML syntax error without its line.)
-include: "workflow/rules/common.smk"
+include: "workflow/rules/common.smk"  # the study, checked; what every job is given
+include: "workflow/rules/inputs.smk"  # what each job reads and depends on
+include: "workflow/rules/packing.smk"  # GPU jobs: their lease, and which runs a packed job waits for
 
 
 wildcard_constraints:

@@ -28,8 +28,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from grpo_equivalence import paths, stats  # noqa: E402
-from grpo_equivalence.summary import summarise  # noqa: E402
+from grpo_equivalence.analysis import stats  # noqa: E402
+from grpo_equivalence.analysis.summary import summarise  # noqa: E402
+from grpo_equivalence.runtime import paths  # noqa: E402
 
 MODES = ("full", "timestamps")
 

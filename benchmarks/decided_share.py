@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from grpo_equivalence import report, stats  # noqa: E402
 from packing_results import DECIDED, headline_cells  # noqa: E402
+
+from grpo_equivalence.analysis import stats  # noqa: E402
+from grpo_equivalence.report import render  # noqa: E402
 
 
 def decided(pool: dict, seeds: list[int], reference: str) -> dict:
@@ -38,7 +40,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     pool = {}
     for folder in args.folders:
-        for path in report.stats_files(folder):
+        for path in render.stats_files(folder):
             run = stats.load(path)
             pool[(run["backend"], run["max_steps"], run["seed"])] = run
     backends = {(b, n) for b, n, _ in pool}

@@ -27,8 +27,8 @@ def main() -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from grpo_equivalence.memory import device_bandwidth_gbs
-    from grpo_equivalence.random_model import load_architecture, model_config
+    from grpo_equivalence.runtime.memory import device_bandwidth_gbs
+    from grpo_equivalence.training.random_model import load_architecture, model_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--architecture", default=str(ROOT / "studies/architectures/qwen3-4b.json"))

@@ -2,7 +2,7 @@
 
 Each repetition is one report's rollout check on the tiny study (studies/tiny.yaml's settings): the reference
 backend at one seed, and as candidates judged together (Holm over their tests) the reference at another seed
-(the control) and the reference with each sampling fault (grpo_equivalence.faults), each at a seed of its own.
+(the control) and the reference with each sampling fault (grpo_equivalence.training.faults), each at a seed of its own.
 Prints, per candidate, the share of repetitions called divergent, equivalent and inconclusive, and writes the
 counts as JSON.
 
@@ -31,7 +31,7 @@ DATA = ROOT / "results/tiny/data/train.jsonl"
 def study() -> dict:
     import yaml
 
-    from grpo_equivalence.config import rollout_check_settings
+    from grpo_equivalence.study.config import rollout_check_settings
 
     config = yaml.safe_load((ROOT / "studies/tiny.yaml").read_text())
     config["rollout_check"] = rollout_check_settings(config.get("rollout_check"))
@@ -44,7 +44,7 @@ def _check(job: tuple) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from grpo_equivalence import rollout
+    from grpo_equivalence.checks import rollout
 
     dataset = {"path": "json", "data_files": str(DATA), "name": None}
     return rollout.check(study(), backend, model_path=str(MODEL), dataset=dataset, out=Path(out), seed=seed,
@@ -70,7 +70,7 @@ def arguments(description: str, reps: int, out: str) -> argparse.ArgumentParser:
 
 def print_table(columns: tuple, what: str, names, counts: dict, divergent_by: dict, args) -> None:
     """Per candidate, the share of repetitions of each verdict and how often each test (metric) was divergent."""
-    from grpo_equivalence import verdict
+    from grpo_equivalence.analysis import verdict
 
     print(f"| Candidate | {' | '.join(columns)} | Divergent by {what} ({', '.join(names)}) |")
     print("| --- | ---: | ---: | ---: | --- |")
@@ -90,7 +90,8 @@ def prepare(args) -> None:
 def main() -> None:
     args = arguments(__doc__.splitlines()[0], 20, "fault_detection.json").parse_args()
     prepare(args)
-    from grpo_equivalence import rollout_verdict, verdict
+    from grpo_equivalence.analysis import verdict
+    from grpo_equivalence.checks import rollout_verdict
 
     config = study()
     scratch = ROOT / "results/benchmarks/fault_detection"

@@ -3,7 +3,7 @@ reseeded reference divergent.
 
 Each repetition is one report of the tiny study at its longest step count (studies/tiny.yaml: replicates.reference
 runs of the reference, as many of each candidate): the reference with seeds s, s+1, ...; every fault of
-grpo_equivalence.faults on the reference backend with the same seeds (paired, as a study runs them); and the
+grpo_equivalence.training.faults on the reference backend with the same seeds (paired, as a study runs them); and the
 control, the reference again with seeds of its own (compared unpaired). Each is judged as the report judges it
 (compare: Holm over the metrics of its comparison, weighted towards the headline metrics).
 Prints, per candidate, the share of repetitions with a metric called divergent, and writes the counts as JSON.
@@ -32,7 +32,7 @@ def _train(job: tuple) -> str:
     import torch
 
     torch.set_num_threads(1)
-    from grpo_equivalence import train
+    from grpo_equivalence.training import train
 
     config = study()
     config["grpo"] = {**config["grpo"], "seed": seed}
@@ -49,8 +49,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, help="runs per candidate (default: the tiny study's replicates.reference)")
     args = parser.parse_args()
     prepare(args)
-    from grpo_equivalence import faults, stats, verdict
-    from grpo_equivalence.compare import compare
+    from grpo_equivalence.analysis import stats, verdict
+    from grpo_equivalence.analysis.compare import compare
+    from grpo_equivalence.training import faults
 
     config = study()
     steps, runs = args.steps or max(config["steps"]), args.runs or config["replicates"]["reference"]

@@ -3,7 +3,7 @@
 #   1. the tiny study, every backend, vllm the reference with REF_SEEDS seeds (gpu_tiny_study.sh), then the
 #      statistics recorder's overhead on the tiny model (callback_overhead.py, the hardest case: short steps);
 #   2. at the same time, the 4B-shape speed study (gpu_speed_study.sh).
-# Both workflows lease GPUs from one pool (grpo_equivalence.gpus), so no two train jobs share a GPU.
+# Both workflows lease GPUs from one pool (grpo_equivalence.runtime.gpus), so no two train jobs share a GPU.
 # Each part runs in its own copy of the checkout, so that the two workflows' results/ stay apart.
 # Usage: benchmarks/h200_session.sh OUTDIR
 set -uo pipefail

@@ -28,7 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from grpo_equivalence import report, runs as run_files, summary, verdict  # noqa: E402
+from grpo_equivalence.analysis import runs as run_files
+from grpo_equivalence.analysis import summary, verdict
+from grpo_equivalence.report import render, sections  # noqa: E402
 
 DECIDING = verdict.HEADLINE  # the cells a study is asked to decide
 DECIDED = (verdict.EQUIVALENT, verdict.DIVERGENT)
@@ -37,8 +39,8 @@ DECIDED = (verdict.EQUIVALENT, verdict.DIVERGENT)
 def headline_cells(runs: dict, reference: str) -> list[tuple[str, str, int, dict]]:
     """(candidate, metric, steps, verdict) of every cell a study is asked to decide, judged as its report judges
     them, from its runs ({path: stats})."""
-    judged = report.judged(runs, reference)
-    tables = report.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), reference)
+    judged = render.judged(runs, reference)
+    tables = sections.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), reference)
     return [(pair["candidate"], metric, table["steps"], pair["metrics"][metric]["verdict"])
             for table in tables for pair in table["pairs"] for metric in DECIDING]
 
@@ -49,7 +51,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--reference", default="vllm")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    runs = run_files.load_runs(report.stats_files(args.outdir / "stats"))
+    runs = run_files.load_runs(render.stats_files(args.outdir / "stats"))
     alone = [r for r in runs.values() if summary.alone_on_gpu(r)]
     packed = [r for r in runs.values() if summary.alone_on_gpu(r) is False]
     cost = lambda r: (r.get("startup_s") or 0.0) + r["train_wall_s"]  # noqa: E731

@@ -3,7 +3,7 @@
     python benchmarks/performance_results.py STATS_DIR STUDY_FILE > results.json
     python benchmarks/performance_results.py --markdown results.json      (the README's table)
 
-Every figure comes from a run's summary (grpo_equivalence.summary), i.e. from what the train job recorded;
+Every figure comes from a run's summary (grpo_equivalence.analysis.summary), i.e. from what the train job recorded;
 a figure a run did not record is null.
 """
 
@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 import yaml  # noqa: E402
 
-from grpo_equivalence import report, runs, stats  # noqa: E402
-from grpo_equivalence.summary import summarise  # noqa: E402
+from grpo_equivalence.analysis import runs, stats  # noqa: E402
+from grpo_equivalence.analysis.summary import summarise  # noqa: E402
+from grpo_equivalence.report import render  # noqa: E402
 
 FIGURES = ("median_step_s", "median_rollout_s", "median_weight_sync_s", "median_training_s", "decode_ms_per_step",
            "bandwidth_floor_ms", "rollout_tokens_per_s", "startup_s", "peak_mem_gb", "peak_allocated_gb",
@@ -25,7 +26,7 @@ FIGURES = ("median_step_s", "median_rollout_s", "median_weight_sync_s", "median_
 
 def results(stats_dir: Path, study: dict) -> dict:
     shape = Path((study.get("random_model") or {}).get("architecture", study["model"])).stem
-    paths = report.stats_files(stats_dir)  # gzipped too, as the examples keep them
+    paths = render.stats_files(stats_dir)  # gzipped too, as the examples keep them
     groups = runs.group_runs(runs.load_runs(paths))
     backends = {}
     for (backend, _), group in sorted(groups.items()):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from grpo_equivalence import report, runs as run_files  # noqa: E402
+from grpo_equivalence.analysis import runs as run_files
+from grpo_equivalence.report import render  # noqa: E402
 
 # What a step trained: its loss, gradient, reward and KL, and every metric TRL logged but its own timing
 TRAINED = ("step", "loss", "grad_norm", "reward", "kl")
@@ -32,8 +33,8 @@ def main(argv=None) -> dict:
     parser.add_argument("b", type=Path)
     args = parser.parse_args(argv)
     key = lambda r: (r["backend"], r["max_steps"], r["seed"])  # noqa: E731
-    a = {key(r): r for r in run_files.load_runs(report.stats_files(args.a)).values()}
-    b = {key(r): r for r in run_files.load_runs(report.stats_files(args.b)).values()}
+    a = {key(r): r for r in run_files.load_runs(render.stats_files(args.a)).values()}
+    b = {key(r): r for r in run_files.load_runs(render.stats_files(args.b)).values()}
     shared = sorted(set(a) & set(b))
     differ = [f"{k[0]} x {k[1]} seed {k[2]}" for k in shared if training_numbers(a[k]) != training_numbers(b[k])]
     result = {"shared_runs": len(shared), "identical": len(shared) - len(differ), "differ": differ,

@@ -1,8 +1,8 @@
 """Makespan of GPU train jobs under the workflow's scheduling, against the lower bound.
 
 Fake train jobs of known durations (sleeps) run through Snakemake on N fake GPUs, each job holding its
-GPU through the workflow's lease (grpo_equivalence.gpus) and ordered by the workflow's priority
-(grpo_equivalence.schedule, fed with earlier "measurements" written as statistics files). Prints, per N,
+GPU through the workflow's lease (grpo_equivalence.runtime.gpus) and ordered by the workflow's priority
+(grpo_equivalence.study.schedule, fed with earlier "measurements" written as statistics files). Prints, per N,
 the makespan with the priority and without it (Snakemake's own order), the lower bound
 max(longest job, total / N), and whether any two jobs ever shared a device.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from grpo_equivalence import stats  # noqa: E402
+from grpo_equivalence.analysis import stats  # noqa: E402
 
 STEP_S = {"fast": 0.05, "mid": 0.1, "slow": 0.3}  # seconds a step, as if measured in an earlier run
 STEPS = (10, 30)
@@ -28,7 +28,7 @@ STEPS = (10, 30)
 SNAKEFILE = """
 import sys
 sys.path.insert(0, {src!r})
-from grpo_equivalence import schedule
+from grpo_equivalence.study import schedule
 
 DURATION = {durations!r}
 
@@ -41,7 +41,7 @@ rule fake_train:
     resources: gpu=1
     params: seconds=lambda wildcards: DURATION[wildcards.job]
     shell:
-        "{python} -m grpo_equivalence.gpus 1 -- {python} -c "
+        "{python} -m grpo_equivalence.runtime.gpus 1 -- {python} -c "
         "'import os, sys, time; t = time.time(); time.sleep({{params.seconds}}); "
         "print(os.environ[\\"CUDA_VISIBLE_DEVICES\\"], t, time.time())' > {{output}}"
 """

@@ -1,4 +1,4 @@
-"""How the verdict behaves on synthetic runs whose answer is known (grpo_equivalence.calibration).
+"""How the verdict behaves on synthetic runs whose answer is known (grpo_equivalence.analysis.calibration).
 
 Runs of both backends share seeds (the study's design: half of a seed's effect on a run is the same for both
 backends' runs of that seed), and are judged in pairs at the planned looks (verdict.LOOKS, alpha split between
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from grpo_equivalence import calibration, verdict  # noqa: E402
+from grpo_equivalence.analysis import calibration, verdict  # noqa: E402
 
 METRICS = 6  # loss, reward, kl, grad_norm, completion_length, entropy
 HEADLINE = len(verdict.HEADLINE)  # kl, reward, completion_length

@@ -1,6 +1,6 @@
 """Hand-made statistics files in the contract's shape, for testing what is derived from them."""
 
-from grpo_equivalence import stats
+from grpo_equivalence.analysis import stats
 
 # A rollout check of a few prompts, for the tests that exercise the workflow rather than the check itself
 SMALL_ROLLOUT_CHECK = {"prompts": 8, "prompts_per_call": 8}

@@ -9,9 +9,9 @@ import types
 
 import pytest
 
-from grpo_equivalence import backends
-from grpo_equivalence.backends import BackendUnavailable, LoadSpec
-from grpo_equivalence.backends.base import lora_config
+from grpo_equivalence.training import backends
+from grpo_equivalence.training.backends import BackendUnavailable, LoadSpec
+from grpo_equivalence.training.backends.base import lora_config
 
 LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 
@@ -137,7 +137,7 @@ def test_vllm_backends_run_the_engine_in_process_and_report_nothing(monkeypatch,
     import fcntl
     import os
 
-    from grpo_equivalence import gpus
+    from grpo_equivalence.runtime import quietlock
 
     held = []
 
@@ -154,7 +154,7 @@ def test_vllm_backends_run_the_engine_in_process_and_report_nothing(monkeypatch,
     monkeypatch.setitem(sys.modules, "vllm.entrypoints", types.ModuleType("vllm.entrypoints"))
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.llm", types.SimpleNamespace(LLM=LLM))
     (tmp_path / "gpu-0.quiet").touch()
-    monkeypatch.setenv(gpus.QUIET_ENV, str(tmp_path / "gpu-0.quiet"))
+    monkeypatch.setenv(quietlock.QUIET_ENV, str(tmp_path / "gpu-0.quiet"))
     for name in ("vllm", "trl_vllm"):
         for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "MASTER_PORT", "MASTER_ADDR"):
             monkeypatch.delenv(var, raising=False)
@@ -171,7 +171,7 @@ def test_vllm_backends_run_the_engine_in_process_and_report_nothing(monkeypatch,
 def test_a_vllm_engine_start_that_saw_a_neighbour_free_memory_is_tried_again(monkeypatch):
     """vLLM stops when the device's free memory rose while it profiled (a job beside it freed some). Stand-in for
     vLLM's LLM: fails so once, then starts."""
-    from grpo_equivalence.backends import _vllm
+    from grpo_equivalence.training.backends import _vllm
 
     attempts = []
 
@@ -200,8 +200,8 @@ def test_in_a_packed_study_a_vllm_engine_is_told_its_kv_cache_and_measures_nothi
 
     from transformers import Qwen3Config
 
-    from grpo_equivalence import gpus
-    from grpo_equivalence.backends import _vllm
+    from grpo_equivalence.runtime import quietlock
+    from grpo_equivalence.training.backends import _vllm
 
     quiet = tmp_path / "gpu-0.quiet"
     quiet.touch()
@@ -223,11 +223,11 @@ def test_in_a_packed_study_a_vllm_engine_is_told_its_kv_cache_and_measures_nothi
     monkeypatch.setattr(_vllm, "_startup_plans", lambda: None)  # a vLLM without startup plans: it would measure
     Qwen3Config(num_hidden_layers=2, num_key_value_heads=2, num_attention_heads=4, head_dim=8, hidden_size=32,
                 max_position_embeddings=512).save_pretrained(tmp_path / "model")
-    monkeypatch.setenv(gpus.QUIET_ENV, str(quiet))
+    monkeypatch.setenv(quietlock.QUIET_ENV, str(quiet))
     _vllm.start_engines_quietly()
     engine = dict(model=str(tmp_path / "model"), max_num_seqs=64, max_model_len=250, dtype="bfloat16")
     LLM(**engine)  # not a packed study
-    monkeypatch.setenv(gpus.SIZED_ENV, "1")
+    monkeypatch.setenv(quietlock.SIZED_ENV, "1")
     LLM(**engine)
     LLM(**{**engine, "max_model_len": None})  # the model's context, 512 tokens
     LLM(**{**engine, "max_num_seqs": None})  # vLLM picks how many: nothing bounds the cache
@@ -244,8 +244,8 @@ def vllm_standins(monkeypatch, tmp_path):
     import fcntl
     import json
 
-    from grpo_equivalence import gpus
-    from grpo_equivalence.backends import _vllm
+    from grpo_equivalence.runtime import quietlock
+    from grpo_equivalence.training.backends import _vllm
 
     cache = tmp_path / "vllm"
     quiet = tmp_path / "gpu-0.quiet"
@@ -313,7 +313,7 @@ def vllm_standins(monkeypatch, tmp_path):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setitem(sys.modules["vllm"].__dict__, "envs", sys.modules["vllm.envs"])
     monkeypatch.setattr(_vllm.time, "sleep", lambda s: None)
-    monkeypatch.setenv(gpus.QUIET_ENV, str(quiet))
+    monkeypatch.setenv(quietlock.QUIET_ENV, str(quiet))
     _vllm.start_engines_quietly()
     return types.SimpleNamespace(LLM=LLM, seen=seen, starts=starts, fingerprint=fingerprint, cache=cache,
                                  startup_plan=startup_plan, plan_path=plan_path, lock_mode=lock_mode)
@@ -325,7 +325,7 @@ def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_i
     startup plan; later ones apply the plan whatever the free memory (the lease holds their share) and hold the
     lock shared; one whose settings have no plan takes the lock exclusively before its memory snapshot; one that
     found out only later starts again exclusively."""
-    from grpo_equivalence import gpus
+    from grpo_equivalence.runtime import quietlock
 
     v = vllm_standins
     LLM, seen, starts, fingerprint, startup_plan = v.LLM, v.seen, v.starts, v.fingerprint, v.startup_plan
@@ -338,7 +338,7 @@ def test_only_a_settings_first_vllm_engine_profiles_alone_the_later_ones_apply_i
     assert seen == [("exclusive", "exclusive", True), ("shared", "shared", False), ("exclusive", "exclusive", True),
                     ("exclusive", "exclusive", True)]
     assert starts == [100, 40, 100, 100, 100]  # only the last started twice
-    monkeypatch.delenv(gpus.QUIET_ENV)  # no lease: vLLM's gate as it is
+    monkeypatch.delenv(quietlock.QUIET_ENV)  # no lease: vLLM's gate as it is
     assert startup_plan._applicable_kv_cache_memory_bytes({"kv_cache_memory_bytes": 7, "free_memory_baseline": 100},
                                                           40) is None
 
@@ -352,7 +352,7 @@ def test_a_vllm_engine_waits_for_the_one_measuring_its_settings_and_then_applies
     import json
     import threading
 
-    from grpo_equivalence.backends import _vllm
+    from grpo_equivalence.training.backends import _vllm
 
     v = vllm_standins
     folder = v.cache / "startup_plan"

@@ -13,10 +13,12 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from grpo_equivalence import cli, report, stats
-from grpo_equivalence.config import ConfigError, check, load_study
+from grpo_equivalence import cli
+from grpo_equivalence.analysis import stats
+from grpo_equivalence.report import render
+from grpo_equivalence.study.config import ConfigError, load_study
+from grpo_equivalence.study.validate import check
 from helpers import make_stats, tables_headed
-
 
 # --- The study file ----------------------------------------------------------------------------------------
 
@@ -244,7 +246,7 @@ def minimal(backend, n=5):
 
 def test_a_file_with_only_the_contracts_fields_renders_with_not_recorded(tmp_path):
     folder = stats_dir(tmp_path, {"grpo_vllm_5.json": minimal("vllm"), "grpo_hf_5.json": minimal("hf")})
-    text = report.from_stats_dir(folder, "vllm")
+    text = render.from_stats_dir(folder, "vllm")
     assert "Environment of the vllm run: not recorded;" in text and "package versions not recorded" in text
     assert "| trainer settings | not recorded |" in text and "Project commit not recorded." in text
 
@@ -268,7 +270,7 @@ def test_a_pipe_in_a_value_does_not_break_the_tables(tmp_path):
         data = make_stats(backend, 5)
         data["effective_config"] = {"trainer": {"optim": value}}
         runs[f"grpo_{backend}_5.json"] = data
-    text = report.from_stats_dir(stats_dir(tmp_path, runs), "vllm")
+    text = render.from_stats_dir(stats_dir(tmp_path, runs), "vllm")
     (differing,) = tables_headed(text, "Setting", "hf")
     assert differing == [{"Setting": "trainer.optim", "hf": "c", "vllm": "a|b"}]
     assert "| trainer.optim | c | a\\|b |" in text

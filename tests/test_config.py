@@ -1,8 +1,9 @@
 import pytest
 import yaml
 
-from grpo_equivalence.config import ConfigError, check
 from conftest import ROOT
+from grpo_equivalence.study.config import ConfigError
+from grpo_equivalence.study.validate import check
 
 
 def problems_of(config) -> str:

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from grpo_equivalence import stats
-from grpo_equivalence.memory import GB, MemoryProbe
+from grpo_equivalence.analysis import stats
+from grpo_equivalence.runtime.memory import GB, MemoryProbe
 
 pytestmark = pytest.mark.cuda
 
@@ -48,7 +48,7 @@ def primed_bf16(primed, tmp_path_factory):
 RUN = """
 import json, sys
 from pathlib import Path
-from grpo_equivalence import train
+from grpo_equivalence.training import train
 a = json.loads(sys.argv[1])
 train.run(a["config"], a["backend"], a["steps"], model_path=a["model"], dataset=a["dataset"], out=Path(a["out"]))
 """
@@ -89,7 +89,7 @@ def test_the_native_decoders_cuda_graphs_sample_the_eager_steps_tokens(primed):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from grpo_equivalence import decoder
+    from grpo_equivalence.training.decoder import model as decoder
 
     tokenizer = AutoTokenizer.from_pretrained(primed["model"])
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(primed["model"]).cuda(),
@@ -112,13 +112,13 @@ def test_the_native_decoders_cuda_graphs_sample_the_eager_steps_tokens(primed):
 
 
 def test_a_run_on_two_gpus_trains_on_both(primed_bf16, tiny_study, tmp_path):
-    """gpus_per_train_job: 2 on a machine with two GPUs: one process per GPU over NCCL (grpo_equivalence.parallel),
+    """gpus_per_train_job: 2 on a machine with two GPUs: one process per GPU over NCCL (grpo_equivalence.training.parallel),
     every step recorded with KL and process 0's memory."""
     import torch
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA GPUs")
-    from grpo_equivalence import parallel
+    from grpo_equivalence.training import parallel
 
     config = copy.deepcopy(tiny_study)
     config.update(gpus_per_train_job=2, dtype="bfloat16")

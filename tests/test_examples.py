@@ -5,9 +5,9 @@ import re
 import pytest
 
 from conftest import ROOT
-from grpo_equivalence import stats
-from grpo_equivalence.report import stats_files
-from grpo_equivalence.summary import summarise
+from grpo_equivalence.analysis import stats
+from grpo_equivalence.analysis.summary import summarise
+from grpo_equivalence.report.render import stats_files
 
 EXAMPLES = sorted(p for p in (ROOT / "docs" / "examples").iterdir() if (p / "grpo_equivalence.md").exists())
 
@@ -107,7 +107,7 @@ def test_the_native_backends_performance_figures_come_from_their_runs(name, back
 
 
 def test_the_native_rollout_check_on_the_4b_shape_is_equivalent_to_hfs():
-    from grpo_equivalence import rollout, rollout_verdict
+    from grpo_equivalence.checks import rollout, rollout_verdict
 
     folder = ROOT / "docs" / "performance" / "rollout-native-4b" / "rollout"
     ref, cand = rollout.load(folder / "hf.json.gz"), rollout.load(folder / "native.json.gz")
@@ -123,10 +123,9 @@ def test_the_native_rollout_check_on_the_4b_shape_is_equivalent_to_hfs():
 
 
 def test_the_h200_rollout_check_covers_every_backend_and_its_report_section_comes_from_its_files():
+    from grpo_equivalence.checks import rollout
+    from grpo_equivalence.report import sections as report_module
     from helpers import tables_headed
-
-    from grpo_equivalence import report as report_module
-    from grpo_equivalence import rollout
 
     example = ROOT / "docs" / "examples" / "h200-vllm-reference"
     checks = [rollout.load(p) for p in sorted((example / "rollout").glob("*.json.gz"))]  # gzipped: the tree travels

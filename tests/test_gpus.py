@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-
-from grpo_equivalence import gpus
+from grpo_equivalence.runtime import gpus, leasefolder, quietlock
 
 # Each job records which device it saw and when it held it.
 JOB = "import os, sys, time; t = time.time(); time.sleep(float(sys.argv[2])); " \
@@ -23,14 +22,14 @@ JOB = "import os, sys, time; t = time.time(); time.sleep(float(sys.argv[2])); " 
 def fake_gpus(tmp_path, monkeypatch):
     def env(devices):
         monkeypatch.setenv(gpus.DEVICES_ENV, devices)
-        monkeypatch.setenv(gpus.LOCK_DIR_ENV, str(tmp_path / "locks"))
+        monkeypatch.setenv(leasefolder.LOCK_DIR_ENV, str(tmp_path / "locks"))
         monkeypatch.delenv("SLURM_JOB_ID", raising=False)
         return dict(os.environ)
     return env
 
 
 def start_job(env, record, seconds, count=1):
-    return subprocess.Popen([sys.executable, "-m", "grpo_equivalence.gpus", str(count), "--", sys.executable, "-c", JOB,
+    return subprocess.Popen([sys.executable, "-m", "grpo_equivalence.runtime.gpus", str(count), "--", sys.executable, "-c", JOB,
                              str(record), str(seconds)], env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -94,7 +93,7 @@ def test_respects_the_users_cuda_visible_devices(monkeypatch, tmp_path):
     monkeypatch.delenv(gpus.DEVICES_ENV, raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    monkeypatch.setenv(gpus.LOCK_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(leasefolder.LOCK_DIR_ENV, str(tmp_path))
     with gpus.leased(1, log=lambda s: None) as lease:
         assert lease.devices == ["2"] and os.environ["CUDA_VISIBLE_DEVICES"] == "2"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
@@ -117,7 +116,7 @@ def test_a_job_submitted_to_slurm_takes_the_devices_slurm_gave_it(fake_gpus, tmp
     wrapper.write_text("import subprocess, sys\nsys.exit(subprocess.run(sys.argv[3:]).returncode)\n")
     record = tmp_path / "record"
     job = subprocess.run([sys.executable, str(wrapper), "--target-jobs", "train:backend=hf",
-                          sys.executable, "-m", "grpo_equivalence.gpus", "1", "--", sys.executable, "-c", JOB,
+                          sys.executable, "-m", "grpo_equivalence.runtime.gpus", "1", "--", sys.executable, "-c", JOB,
                           str(record), "0"], env=env, capture_output=True, text=True)
     assert job.returncode == 0, job.stderr
     (devices, _, _), = intervals(record)
@@ -150,7 +149,7 @@ def test_a_lease_folder_of_another_user_is_refused(fake_gpus, tmp_path):
     err = job.communicate()[1]
     assert job.returncode != 0 and not (tmp_path / "record").exists()
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert f"GPU lease folder {folder}" in err and gpus.LOCK_DIR_ENV in err
+    assert f"GPU lease folder {folder}" in err and leasefolder.LOCK_DIR_ENV in err
 
 
 def test_a_linked_lock_file_is_never_followed(fake_gpus, tmp_path):
@@ -177,8 +176,8 @@ def test_a_linked_lease_folder_is_refused(fake_gpus, tmp_path):
 
 
 def test_the_default_lease_folder_is_private(monkeypatch):
-    monkeypatch.delenv(gpus.LOCK_DIR_ENV, raising=False)
-    folder = gpus.lock_dir()
+    monkeypatch.delenv(leasefolder.LOCK_DIR_ENV, raising=False)
+    folder = leasefolder.lock_dir()
     info = os.lstat(folder)
     assert info.st_uid == os.getuid() and info.st_mode & 0o777 == 0o700
 
@@ -195,8 +194,8 @@ def test_cpu_jobs_take_no_lease(fake_gpus):
 
 
 def test_longest_expected_job_first(tmp_path):
-    from grpo_equivalence import schedule
-    from grpo_equivalence.stats import write
+    from grpo_equivalence.analysis.stats import write
+    from grpo_equivalence.study import schedule
     from helpers import make_stats
 
     # Unmeasured backends: more steps first.
@@ -213,7 +212,7 @@ def test_longest_expected_job_first(tmp_path):
 def test_jobs_that_see_different_tmpdirs_share_one_lease_folder(tmp_path, monkeypatch):
     """Snakemake sets each job's TMPDIR from its `tmpdir` resource: the leases must not follow it, or two
     workflows would both take the same GPU. Device names unique to this test keep real leases apart."""
-    monkeypatch.delenv(gpus.LOCK_DIR_ENV, raising=False)
+    monkeypatch.delenv(leasefolder.LOCK_DIR_ENV, raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     devices = f"test{os.getpid()}a,test{os.getpid()}b"
     record = tmp_path / "record"
@@ -227,7 +226,7 @@ def test_jobs_that_see_different_tmpdirs_share_one_lease_folder(tmp_path, monkey
     (dev_a, start_a, end_a), (dev_b, start_b, end_b) = held
     assert dev_a != dev_b or end_a <= start_b or end_b <= start_a, "two jobs held one device at once"
     for device in devices.split(","):
-        (gpus.lock_dir() / f"gpu-{device}.lock").unlink(missing_ok=True)
+        (leasefolder.lock_dir() / f"gpu-{device}.lock").unlink(missing_ok=True)
 
 
 # --- Several jobs on one GPU --------------------------------------------------------------------------------------
@@ -242,7 +241,7 @@ def start_packed(env, record, seconds, *, memory_gb=None, share=0.0, jobs_per_gp
     options = ["--jobs-per-gpu", str(jobs_per_gpu), "--run", run, "--share", str(share)]
     if memory_gb is not None:
         options += ["--memory-gb", str(memory_gb)]
-    return subprocess.Popen([sys.executable, "-m", "grpo_equivalence.gpus", str(count), *options, "--", sys.executable,
+    return subprocess.Popen([sys.executable, "-m", "grpo_equivalence.runtime.gpus", str(count), *options, "--", sys.executable,
                              "-c", PACKED_JOB, str(record), str(seconds), run, str(memory_gb or 0), str(share)],
                             env={**env, "GRPO_EQUIVALENCE_LEASE_RECORD": str(record) + ".leases"},
                             stderr=subprocess.PIPE, text=True)
@@ -314,7 +313,7 @@ def test_a_whole_gpu_job_is_alone_and_later_packed_jobs_do_not_starve_it(fake_gp
 
 def _holding(env, count) -> bool:
     """Whether `count` jobs hold slots in the lease folder now."""
-    folder = Path(env[gpus.LOCK_DIR_ENV])
+    folder = Path(env[leasefolder.LOCK_DIR_ENV])
     held = 0
     for path in folder.glob("gpu-*.slot-*.lock"):
         with open(path) as f:
@@ -334,8 +333,8 @@ def test_a_job_asking_for_more_memory_than_a_gpu_has_is_an_error_not_a_wait(fake
 
 QUIET_PROBE = """
 import sys, time
-from grpo_equivalence import gpus
-with gpus.quiet([sys.argv[1]], measuring=sys.argv[2] == "measure"):
+from grpo_equivalence.runtime import quietlock
+with quietlock.quiet([sys.argv[1]], measuring=sys.argv[2] == "measure"):
     print(f"in {time.time()}", flush=True)
     time.sleep(float(sys.argv[3]))
 """
@@ -343,19 +342,19 @@ with gpus.quiet([sys.argv[1]], measuring=sys.argv[2] == "measure"):
 
 def _quiet_probe(path, mode, hold_s=0.0):
     return subprocess.Popen([sys.executable, "-c", QUIET_PROBE, str(path), mode, str(hold_s)], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(Path(gpus.__file__).parents[1])})
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(gpus.__file__).parents[2])})
 
 
 def test_loading_jobs_overlap_but_never_a_vllm_engines_start_and_it_is_not_starved(tmp_path):
     """Jobs that load or end (shared quiet lock) go on beside each other; an engine start (exclusive) waits for
     them, and while it waits, a job that comes to load after it waits behind it (the turnstile)."""
     path = tmp_path / "gpu-0.quiet"
-    loading = gpus._open(path)
+    loading = leasefolder.open_file(path)
     fcntl.flock(loading, fcntl.LOCK_SH)  # another job is loading
     began = time.time()
-    with gpus.quiet([str(path)]):  # a second job loads at once beside it
+    with quietlock.quiet([str(path)]):  # a second job loads at once beside it
         assert time.time() - began < 1
-        probe = gpus._open(path)
+        probe = leasefolder.open_file(path)
         with pytest.raises(BlockingIOError):
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no engine could start now
         probe.close()

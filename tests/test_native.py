@@ -1,4 +1,4 @@
-"""The project's own PyTorch decoder (grpo_equivalence.decoder, backend native) against transformers' generate():
+"""The project's own PyTorch decoder (grpo_equivalence.training.decoder, backend native) against transformers' generate():
 the same tokens where sampling leaves no choice (top_k 1), with prompts of different lengths and LoRA adapters
 that are not zero, for the tiny Qwen3 model and a Llama model built here; merged weights that follow the
 trainer's; the sampler's distribution and draws; the compiled decode step; and the refusals."""
@@ -8,7 +8,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from grpo_equivalence import decoder
+from grpo_equivalence.training.decoder import model as decoder
+from grpo_equivalence.training.decoder import sampling, weights
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -91,7 +92,7 @@ def test_a_new_merge_is_written_in_place_one_layer_at_a_time(tiny, primed, monke
     native.refresh()
     held = [layer.qkv for layer in native.layers]
     alive, most = [], []
-    merge = decoder._merged_layer
+    merge = weights.merged_layer
 
     def counted(block):
         most.append(sum(ref() is not None for ref in alive))  # earlier layers' fresh merges still held
@@ -99,7 +100,7 @@ def test_a_new_merge_is_written_in_place_one_layer_at_a_time(tiny, primed, monke
         alive.append(weakref.ref(fresh.qkv))
         return fresh
 
-    monkeypatch.setattr(decoder, "_merged_layer", counted)
+    monkeypatch.setattr(weights, "merged_layer", counted)
     with torch.no_grad():
         next(p for p in model.parameters() if p.requires_grad).add_(0.1)
     assert native.refresh()
@@ -133,14 +134,14 @@ def test_a_weight_read_where_it_lies_is_never_written(tiny, primed):
 def test_an_architecture_it_does_not_decode_is_refused_by_name():
     from transformers import GPT2Config
 
-    with pytest.raises(decoder.UnsupportedModel, match="this model is 'gpt2'.*use backend 'hf'"):
-        decoder.check_architecture(GPT2Config())
+    with pytest.raises(weights.UnsupportedModel, match="this model is 'gpt2'.*use backend 'hf'"):
+        weights.check_architecture(GPT2Config())
 
 
 def test_a_sampling_setting_it_does_not_implement_is_refused_by_name():
     with pytest.raises(ValueError, match="repetition_penalty=1.1.*use backend 'hf'"):
-        decoder.check_sampling(GenerationConfig(do_sample=True, repetition_penalty=1.1))
-    decoder.check_sampling(GenerationConfig(do_sample=True, temperature=0.9, top_k=5, top_p=0.97, min_p=0.05,
+        sampling.check_sampling(GenerationConfig(do_sample=True, repetition_penalty=1.1))
+    sampling.check_sampling(GenerationConfig(do_sample=True, temperature=0.9, top_k=5, top_p=0.97, min_p=0.05,
                                             max_new_tokens=24))
 
 
@@ -153,16 +154,16 @@ def test_the_sampler_gives_the_warpers_distribution_over_the_whole_vocabulary():
     logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(1)) * 3
     logits[0, :8] = logits[0].max() + 1  # eight tokens tie above all others, past top_k
     logits[1, 10:14] = logits[1].topk(5).values[-1]  # ties with the fifth largest
-    sampler = decoder.Sampler(generation)
+    sampler = sampling.Sampler(generation)
     probs, ids = sampler.distribution(logits)
     ours = torch.zeros_like(logits).scatter_(1, ids, probs)
-    theirs = torch.softmax(LogitsProcessorList(decoder._warpers(generation))(None, logits.clone()), dim=-1)
+    theirs = torch.softmax(LogitsProcessorList(sampling.warpers(generation))(None, logits.clone()), dim=-1)
     assert torch.allclose(ours, theirs, atol=1e-6)
     assert (theirs[0] > 0).sum() == 8 and (theirs[1] > 0).sum() >= 1
 
 
 def test_exponential_races_draw_from_the_distribution():
-    sampler = decoder.Sampler(GenerationConfig(do_sample=True, top_k=0, max_new_tokens=4))
+    sampler = sampling.Sampler(GenerationConfig(do_sample=True, top_k=0, max_new_tokens=4))
     probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
     logits = torch.log(probs).expand(20000, 4).clone()
     draws = sampler(logits, torch.Generator().manual_seed(0))
@@ -200,7 +201,7 @@ def test_the_warm_up_compiles_for_the_longest_prompt_and_leaves_the_random_strea
     size; the rollouts after it reuse that cache, and the warm-up draws nothing from the run's random streams."""
     from datasets import Dataset
 
-    from grpo_equivalence.backends.native import longest_prompt
+    from grpo_equivalence.training.backends.native import longest_prompt
 
     tokenizer, prompts = tiny
     questions = ["What is 3+4?", "What is 100 + 23 + 7 ?", "12+5"]

@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from conftest import ROOT, copy_tiny
-from grpo_equivalence import rewards
-from grpo_equivalence.config import ConfigError, check
+from grpo_equivalence.study.config import ConfigError
+from grpo_equivalence.study.validate import check
+from grpo_equivalence.training import rewards
 from helpers import SMALL_ROLLOUT_CHECK
 
 REWARD_FILE = '''
@@ -180,9 +181,9 @@ def test_reward_weights_must_be_one_per_function_and_names_unique(tiny_config, t
 def test_the_chat_template_is_the_models_own_unless_the_study_names_one(tmp_path):
     from transformers import AutoTokenizer
 
-    from grpo_equivalence import tiny
-    from grpo_equivalence.answer_format import CHAT_TEMPLATE
-    from grpo_equivalence.train import use_chat_template
+    from grpo_equivalence.training import tiny
+    from grpo_equivalence.training.answer_format import CHAT_TEMPLATE
+    from grpo_equivalence.training.train import use_chat_template
 
     tiny.save_model(tmp_path / "m", hidden_size=16, num_layers=1, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "m")
@@ -201,7 +202,7 @@ def test_the_chat_template_is_the_models_own_unless_the_study_names_one(tmp_path
 
 
 def test_a_broken_entry_point_backend_names_itself(tmp_path, monkeypatch):
-    from grpo_equivalence import backends
+    from grpo_equivalence.training import backends
 
     install_plugin(tmp_path)
     (tmp_path / "my_backend" / "__init__.py").write_text("raise ImportError('needs my_lib')\n")

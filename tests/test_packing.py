@@ -14,8 +14,12 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from grpo_equivalence import gpus, gpushare, stats, train
-from grpo_equivalence.config import ConfigError, check, load_study
+from grpo_equivalence.analysis import stats
+from grpo_equivalence.runtime import gpus, leasefolder, quietlock
+from grpo_equivalence.study import gpushare
+from grpo_equivalence.study.config import ConfigError, load_study
+from grpo_equivalence.study.validate import check
+from grpo_equivalence.training import session
 from helpers import SMALL_ROLLOUT_CHECK, make_stats
 
 
@@ -79,26 +83,26 @@ def test_a_packed_job_asks_for_what_its_backend_measured_and_a_vllm_backend_for_
 def test_a_packed_job_compiles_with_its_own_cores_and_an_alone_job_with_the_machines(tmp_path, monkeypatch):
     monkeypatch.setenv(gpus.DEVICES_ENV, "0")
     monkeypatch.setenv(gpus.MEMORY_ENV, "10")
-    monkeypatch.setenv(gpus.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    monkeypatch.setenv(leasefolder.LOCK_DIR_ENV, str(tmp_path / "locks"))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    monkeypatch.delenv(gpus.QUIET_ENV, raising=False)
+    monkeypatch.delenv(quietlock.QUIET_ENV, raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv(gpushare.COMPILE_THREADS_ENV, raising=False)
     config = tiny_packed(memory_gb=3.0)
     args = {"config": config, "gpu_sharing": config["gpu_sharing"], "backend": "hf", "run": "hf_4_seed3408",
             "threads": 2}
-    monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
+    monkeypatch.setattr(quietlock, "_QUIET_AT_EXIT", [])
     with gpushare.leased_for_job({**args, "alone": True}) as lease:
         assert lease.need.whole and gpushare.COMPILE_THREADS_ENV not in os.environ
-        assert os.environ[gpus.SIZED_ENV] == "1"  # the vLLM engines of a packing study, alone ones too, are sized
-    assert gpus.SIZED_ENV not in os.environ
-    monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
+        assert os.environ[quietlock.SIZED_ENV] == "1"  # the vLLM engines of a packing study, alone ones too, are sized
+    assert quietlock.SIZED_ENV not in os.environ
+    monkeypatch.setattr(quietlock, "_QUIET_AT_EXIT", [])
     with gpushare.leased_for_job(args) as lease:
         assert not lease.need.whole and os.environ[gpushare.COMPILE_THREADS_ENV] == "2"
-    monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
+    monkeypatch.setattr(quietlock, "_QUIET_AT_EXIT", [])
     with gpushare.leased_for_job({**args, "config": {**config, "gpu_sharing": None}, "gpu_sharing": None}):
-        assert gpus.SIZED_ENV not in os.environ  # one job per GPU: vLLM sizes its cache as usual
-    monkeypatch.setattr(gpus, "_QUIET_AT_EXIT", [])
+        assert quietlock.SIZED_ENV not in os.environ  # one job per GPU: vLLM sizes its cache as usual
+    monkeypatch.setattr(quietlock, "_QUIET_AT_EXIT", [])
     monkeypatch.setenv(gpushare.COMPILE_THREADS_ENV, "8")  # the user's own
     with gpushare.leased_for_job(args):
         assert os.environ[gpushare.COMPILE_THREADS_ENV] == "8"
@@ -138,7 +142,7 @@ def test_a_run_on_two_gpus_trains_on_two_processes(tmp_path, tiny_into):
     config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
     config.update(backends=["hf", "native"], reference="hf", steps=[4], gpus_per_train_job=2)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, train.FORCE_CPU_ENV: "cpu", gpus.DEVICES_ENV: "0,1", gpus.LOCK_DIR_ENV: str(tmp_path / "locks")}
+    env = {**os.environ, session.FORCE_CPU_ENV: "cpu", gpus.DEVICES_ENV: "0,1", leasefolder.LOCK_DIR_ENV: str(tmp_path / "locks")}
     env.pop("SLURM_JOB_ID", None)
     result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
                              str(tmp_path), "results/stats/grpo_hf_4.json", "results/stats/grpo_native_4.json",
@@ -158,8 +162,8 @@ def test_a_run_on_two_gpus_trains_on_two_processes(tmp_path, tiny_into):
 
 def run_packed(workdir, target):
     """Snakemake on the study of `workdir` with one stand-in GPU of 10 GB, training on the CPU."""
-    env = {**os.environ, train.FORCE_CPU_ENV: "cpu", gpus.DEVICES_ENV: "0", gpus.MEMORY_ENV: "10",
-           gpus.LOCK_DIR_ENV: str(workdir / "locks")}
+    env = {**os.environ, session.FORCE_CPU_ENV: "cpu", gpus.DEVICES_ENV: "0", gpus.MEMORY_ENV: "10",
+           leasefolder.LOCK_DIR_ENV: str(workdir / "locks")}
     env.pop("SLURM_JOB_ID", None)
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
                            str(workdir), target, "--cores", "4", "--resources", "gpu=1",

@@ -9,8 +9,10 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from grpo_equivalence import random_model, stats
-from grpo_equivalence.config import ConfigError, check
+from grpo_equivalence.analysis import stats
+from grpo_equivalence.study.config import ConfigError
+from grpo_equivalence.study.validate import check
+from grpo_equivalence.training import random_model
 
 SMALL = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,

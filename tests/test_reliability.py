@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, copy_tiny
-from grpo_equivalence import runcache, stats
+from grpo_equivalence.analysis import stats
+from grpo_equivalence.study import runkey
 from helpers import SMALL_ROLLOUT_CHECK, make_stats
 
 pytestmark = pytest.mark.workflow
@@ -154,7 +155,7 @@ def test_a_local_study_makes_no_network_call_whatever_the_environment(interrupte
 def test_a_process_that_ended_counts_as_gone_reaped_or_a_zombie():
     """What the train jobs' watch reads of the Snakemake process: a start time while it lives, none once it has
     ended, also while it is a zombie that its parent has not reaped (its /proc entry outlives it)."""
-    from grpo_equivalence import jobs
+    from grpo_equivalence.runtime import jobs
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     assert jobs._start_time(proc.pid) is not None
@@ -264,7 +265,7 @@ def test_run_cache_false_trains_a_run_the_cache_holds(own):
 
 def test_a_tampered_cache_entry_is_refused_and_the_run_trained_again(own):
     entries = sorted((own / "results/cache/runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
-    entry = [p for p in entries if p.name != runcache.DIGESTS][-1]  # the entry of the data as it is now
+    entry = [p for p in entries if p.name != runkey.DIGESTS][-1]  # the entry of the data as it is now
     honest = rewards(own)
     data = json.loads(entry.read_text())
     for step in data["steps"]:

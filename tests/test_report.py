@@ -2,8 +2,9 @@ import re
 
 import pytest
 
-from grpo_equivalence import cli, stats
-from grpo_equivalence.report import from_stats_dir
+from grpo_equivalence import cli
+from grpo_equivalence.analysis import sequential, stats
+from grpo_equivalence.report.render import from_stats_dir
 from helpers import make_stats, tables_headed
 
 
@@ -100,7 +101,7 @@ def test_settings_that_differ_between_backends_are_listed(tmp_path):
 
 
 def test_generation_settings_a_backend_sets_on_the_trainer_are_rollout_settings():
-    from grpo_equivalence.report import differing_settings
+    from grpo_equivalence.report.sections import differing_settings
 
     runs = []
     for backend, compile_off, rollout in (("hf", True, []), ("hf_static", False, ["generation.disable_compile"])):
@@ -149,7 +150,7 @@ def test_sampler_mismatch_is_shown_where_logged_and_not_logged_elsewhere(tmp_pat
 
 
 def test_a_confound_is_a_warning_about_a_sampling_setting_not_a_kernel_name():
-    from grpo_equivalence.report import confounds
+    from grpo_equivalence.report.sections import confounds
 
     def run(*messages):
         return {"warnings": [{"source": "log:x", "message": m, "count": 1} for m in messages]}
@@ -167,8 +168,10 @@ def test_each_comparison_is_its_own_holm_family():
     import math
     import statistics
 
-    from grpo_equivalence import report, runs as run_files, verdict
-    from grpo_equivalence.compare import compare
+    from grpo_equivalence.analysis import runs as run_files
+    from grpo_equivalence.analysis import verdict
+    from grpo_equivalence.analysis.compare import compare
+    from grpo_equivalence.report import render, sections
 
     seeds, offsets = [3407, 3408, 3409, 3410, 3411], [-1.26, -0.63, 0.0, 0.63, 1.26]  # offsets: mean 0, SD 1
 
@@ -181,12 +184,12 @@ def test_each_comparison_is_its_own_holm_family():
               "cb_paged": [run("cb_paged", s, shifted(s)) for s in seeds]}
     files = {f"/x/grpo_{b}_6{'' if s == 3407 else f'_seed{s}'}.json": r
              for b, group in groups.items() for s, r in zip(seeds, group)}
-    judged = report.judged(files, "hf")
-    tables = report.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(files), "hf")
+    judged = render.judged(files, "hf")
+    tables = sections.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(files), "hf")
     in_report = {pair["candidate"]: pair["metrics"] for pair in tables[0]["pairs"]}
     alone = compare(groups["hf"], groups["hf_static"])["metrics"]
     kl = in_report["hf_static"]["kl"]["verdict"]
-    look_alpha = verdict.look(5)["alpha"]
+    look_alpha = sequential.look(5)["alpha"]
     # the window: within the comparison's own family, not within one of both candidates' headline tests
     assert look_alpha * verdict.HEADLINE_SHARE / 6 < kl["p_value"] <= look_alpha * verdict.HEADLINE_SHARE / 3
     assert kl["verdict"] == verdict.DIVERGENT and kl["family_size"] == len(verdict.METRICS)

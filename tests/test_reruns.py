@@ -90,12 +90,12 @@ def test_template_changed_only_the_report(project, edit):
 
 
 def test_comparison_code_changed_comparisons_and_report_no_training(project, edit):
-    edit("src/grpo_equivalence/compare.py", lambda t: t + "\n# a comment changes the content\n")
+    edit("src/grpo_equivalence/analysis/compare.py", lambda t: t + "\n# a comment changes the content\n")
     assert rules(plan(project)) == {"compare": len(STEPS), "render_report": 1}
 
 
 def test_one_backends_loader_changed_only_its_jobs(project, edit):
-    edit("src/grpo_equivalence/backends/cb_paged.py", lambda t: t + "\n# changed\n")
+    edit("src/grpo_equivalence/training/backends/cb_paged.py", lambda t: t + "\n# changed\n")
     jobs = plan(project)
     assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_cb_paged_{s}.json" for s in STEPS}
     assert {out for rule, out in jobs if rule == "rollout_check"} == {"results/rollout/cb_paged.json"}
@@ -117,8 +117,8 @@ def test_a_new_step_count_runs_only_the_new_jobs(project, edit):
     assert rules(jobs) == {"train": 3, "summarise": 2, "compare": 1, "plot_curves": 1, "plot_speed": 1, "render_report": 1}
 
 
-@pytest.mark.parametrize("shared", ["src/grpo_equivalence/rewards.py", "src/grpo_equivalence/train.py",
-                                    "src/grpo_equivalence/backends/base.py"])
+@pytest.mark.parametrize("shared", ["src/grpo_equivalence/training/rewards.py", "src/grpo_equivalence/training/train.py",
+                                    "src/grpo_equivalence/training/backends/base.py"])
 def test_rewards_or_shared_training_code_changed_all_train_jobs(project, edit, shared):
     edit(shared, lambda t: t + "\n# changed\n")
     trains = {out for rule, out in plan(project) if rule == "train"}

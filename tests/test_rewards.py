@@ -1,7 +1,7 @@
 import pytest
 
-from grpo_equivalence.answer_format import REASONING_END, SOLUTION_END, SOLUTION_START
-from grpo_equivalence.rewards import REWARD_NAMES, make_reward_functions
+from grpo_equivalence.training.answer_format import REASONING_END, SOLUTION_END, SOLUTION_START
+from grpo_equivalence.training.rewards import REWARD_NAMES, make_reward_functions
 
 EOS = "<|endoftext|>"
 exactly, approximately, check_answer, check_numbers = make_reward_functions(EOS)

@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-from grpo_equivalence import faults, rollout, rollout_verdict, verdict
+from grpo_equivalence.analysis import verdict
+from grpo_equivalence.checks import rollout, rollout_verdict
+from grpo_equivalence.training import faults
 
 SETTINGS = {"temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.1}
 
@@ -105,7 +107,7 @@ def test_a_test_with_no_variation_is_left_out_never_equivalent():
 
 
 def test_an_unknown_fault_is_refused_with_the_list():
-    from grpo_equivalence import backends
+    from grpo_equivalence.training import backends
 
     with pytest.raises(KeyError, match="unknown fault 'colder'.*temperature_up"):
         backends.get("hf+colder")
@@ -122,7 +124,7 @@ def checks(primed, tiny_study, tmp_path_factory):
 
     import torch
 
-    from grpo_equivalence.config import rollout_check_settings
+    from grpo_equivalence.study.config import rollout_check_settings
 
     torch.set_num_threads(2)
     config = copy.deepcopy(tiny_study)

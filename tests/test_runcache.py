@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_equivalence import runcache, stats
+from grpo_equivalence.analysis import stats
+from grpo_equivalence.study import runcache, runkey
 from helpers import make_stats
 
 
@@ -33,7 +34,7 @@ def test_the_key_follows_settings_code_input_content_packages_devices_and_revisi
     model.mkdir()
     (model / "weights").write_bytes(b"abc")
     identity = {"packages": {"trl": "1.16.0"}, "devices": ["cpu"], "revisions": {}}
-    key = lambda settings=None, code="c1", ident=identity: runcache.key(settings or {"lr": 1}, code, [model], ident,  # noqa: E731
+    key = lambda settings=None, code="c1", ident=identity: runkey.key(settings or {"lr": 1}, code, [model], ident,  # noqa: E731
                                                                        cache=tmp_path / "cache")
     base = key()
     assert base == key()
@@ -53,29 +54,29 @@ def test_a_file_rewritten_with_its_old_size_and_mtime_is_hashed_again(tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text('{"solution": "12"}\n')
     before = os.stat(data)
-    first = runcache.key({}, "c", [data], cache=tmp_path / "cache")
+    first = runkey.key({}, "c", [data], cache=tmp_path / "cache")
     data.write_text('{"solution": "99"}\n')
     os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert os.stat(data).st_size == before.st_size and os.stat(data).st_mtime_ns == before.st_mtime_ns
-    assert runcache.key({}, "c", [data], cache=tmp_path / "cache") != first
+    assert runkey.key({}, "c", [data], cache=tmp_path / "cache") != first
 
 
 def test_package_versions_name_the_backends_own_packages():
-    versions = runcache.package_versions("hf")
-    assert set(runcache.TRAINING_PACKAGES) <= set(versions) and versions["trl"]
-    assert "unsloth_zoo" in runcache.package_versions("vllm") and "vllm" in runcache.package_versions("vllm")
+    versions = runkey.package_versions("hf")
+    assert set(runkey.TRAINING_PACKAGES) <= set(versions) and versions["trl"]
+    assert "unsloth_zoo" in runkey.package_versions("vllm") and "vllm" in runkey.package_versions("vllm")
 
 
 def test_a_hub_id_keys_on_its_revision_and_an_unknown_one_turns_the_cache_off(tmp_path, monkeypatch, tiny_config):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
     dataset = {"path": "json", "data_files": "x.jsonl"}
-    identity, why = runcache.run_identity(tiny_config, "hf", "org/model", dataset)
+    identity, why = runkey.run_identity(tiny_config, "hf", "org/model", dataset)
     assert identity is None and "org/model" in why and "not known" in why
     ref = tmp_path / "hub" / "models--org--model" / "refs" / "main"
     ref.parent.mkdir(parents=True)
     ref.write_text("0123abcd")
-    identity, _ = runcache.run_identity(tiny_config, "hf", "org/model", dataset)
+    identity, _ = runkey.run_identity(tiny_config, "hf", "org/model", dataset)
     assert identity["revisions"] == {"model:org/model": "0123abcd"} and identity["devices"] == ["cpu"]
 
 
@@ -158,7 +159,7 @@ KEEP = """
 import sys
 sys.path[:0] = {path!r}
 from pathlib import Path
-from grpo_equivalence import runcache
+from grpo_equivalence.study import runcache
 from helpers import make_stats
 log = Path("logs/train.log"); log.parent.mkdir(exist_ok=True); log.write_text("[hf x 5] training\\n")
 job = runcache.JobCache(key={key!r}, why="", restore_allowed=True, cache=Path("cache"), log_file=log)

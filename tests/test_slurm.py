@@ -94,7 +94,8 @@ def table_structure(report: str) -> list[tuple[str, int]]:
 
 @requires_slurm
 def test_report_has_the_same_tables_as_a_local_run(cluster_study):
-    from grpo_equivalence.report import from_stats_dir, rollout_from_dir
+    from grpo_equivalence.report.render import from_stats_dir
+    from grpo_equivalence.report.sections import rollout_from_dir
 
     workdir, _ = cluster_study
     report = (workdir / "results" / "grpo_equivalence.md").read_text()

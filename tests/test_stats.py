@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_equivalence import stats
+from grpo_equivalence.analysis import stats
+from grpo_equivalence.training import recorder as recording
 from helpers import make_stats
 
 
@@ -33,12 +34,12 @@ def drive(recorder, steps):
 
 
 def test_every_log_dict_is_merged_into_its_step():
-    recorder = stats.make_recorder(FakeProbe())
+    recorder = recording.make_recorder(FakeProbe())
     drive(recorder, [
         [{"loss": 0.5, "grad_norm": 2.0}, {"reward": 1.0, "kl": 0.01, "entropy": 0.9}],
         [{"reward": 2.0}, {"loss": 0.4, "grad_norm": 1.0, "completions/mean_length": 12.0}],
     ])
-    steps = stats.step_records(recorder.records)
+    steps = recording.step_records(recorder.records)
     assert [s["step"] for s in steps] == [1, 2]
     assert steps[0]["loss"] == 0.5 and steps[0]["reward"] == 1.0 and steps[0]["kl"] == 0.01
     assert steps[0]["metrics"] == {"entropy": 0.9}
@@ -47,16 +48,16 @@ def test_every_log_dict_is_merged_into_its_step():
 
 
 def test_a_metric_never_logged_is_null_not_zero():
-    recorder = stats.make_recorder(FakeProbe())
+    recorder = recording.make_recorder(FakeProbe())
     drive(recorder, [[{"loss": 0.5, "reward": 1.0}]])  # beta = 0: TRL logs no kl
-    (step,) = stats.step_records(recorder.records)
+    (step,) = recording.step_records(recorder.records)
     assert step["kl"] is None and step["grad_norm"] is None
 
 
 def test_the_closing_log_is_the_runs_not_a_steps():
-    recorder = stats.make_recorder(FakeProbe())
+    recorder = recording.make_recorder(FakeProbe())
     drive(recorder, [[{"loss": 0.5}]])
-    (step,) = stats.step_records(recorder.records)
+    (step,) = recording.step_records(recorder.records)
     assert "train_runtime" not in step["metrics"] and recorder.run_summary["train_runtime"] == 3.0
 
 

@@ -1,8 +1,8 @@
 import pytest
 
-from grpo_equivalence.compare import NOT_LOGGED, compare
-from grpo_equivalence.stats import StatsError
-from grpo_equivalence.summary import summarise
+from grpo_equivalence.analysis.compare import NOT_LOGGED, compare
+from grpo_equivalence.analysis.stats import StatsError
+from grpo_equivalence.analysis.summary import summarise
 from helpers import make_stats
 
 

@@ -1,7 +1,7 @@
 import torch
 
-from grpo_equivalence import tiny
-from grpo_equivalence.answer_format import MARKERS, conversation, target_completion
+from grpo_equivalence.training import tiny
+from grpo_equivalence.training.answer_format import MARKERS, conversation, target_completion
 
 
 def test_markers_are_single_tokens_kept_by_skip_special_tokens():

@@ -2,9 +2,10 @@
 
 import pytest
 
-from grpo_equivalence import backends, stats, summary, train
-from grpo_equivalence.backends import Backend, BackendUnavailable
-from grpo_equivalence.rewards import REWARD_NAMES
+from grpo_equivalence.analysis import stats, summary
+from grpo_equivalence.training import backends, session, train
+from grpo_equivalence.training.backends import Backend, BackendUnavailable
+from grpo_equivalence.training.rewards import REWARD_NAMES
 
 CPU_BACKENDS = ("hf", "cb_paged", "hf_static", "native")
 
@@ -76,7 +77,7 @@ def test_alternate_recorder_does_the_full_work_on_odd_steps_only(primed, tiny_st
 
 COMPILE_PROBE = """
 import json, torch
-from grpo_equivalence import train
+from grpo_equivalence.training import train
 assert train.compile_counts() is None  # nothing compiled yet
 f = torch.compile(lambda x: (x.sin() * 2).sum())
 f(torch.randn(8, requires_grad=True)).backward()
@@ -166,7 +167,7 @@ def test_gpu_job_without_a_gpu_fails_clearly(tiny_config, tmp_path):
                                             ("cb_paged", "GRPOTrainer.transformers.generate_batch")])
 def test_where_each_steps_time_goes_is_recorded(runs, backend, block):
     """TRL times its blocks for W&B only; the run keeps them per step, and the summary splits the step."""
-    from grpo_equivalence.summary import summarise
+    from grpo_equivalence.analysis.summary import summarise
 
     run = runs[backend]
     for step in run["steps"]:
@@ -207,11 +208,11 @@ def test_a_misspelt_or_owned_grpo_field_stops_the_job_before_any_model_is_loaded
     tiny_config["grpo"].update(adam_betta2=0.99)
     with pytest.raises(SystemExit, match="grpo.adam_betta2: not a field of trl .*'s GRPOConfig; fix its spelling "
                                          r"\(close: adam_beta2"):
-        train.check_packages("hf", tiny_config)
+        session.check_packages("hf", tiny_config)
     tiny_config["grpo"] = {**tiny_config["grpo"], "max_steps": 5}
     tiny_config["grpo"].pop("adam_betta2")
     with pytest.raises(SystemExit, match="grpo.max_steps: set by the workflow, not the study"):
-        train.check_packages("hf", tiny_config)
+        session.check_packages("hf", tiny_config)
 
 
 def test_a_backend_imports_what_must_come_first_before_transformers_is(primed, tiny_study, tmp_path):
@@ -227,7 +228,7 @@ def test_a_backend_imports_what_must_come_first_before_transformers_is(primed, t
     code = """
 import json, sys
 from pathlib import Path
-from grpo_equivalence import backends, train
+from grpo_equivalence.training import backends, session, train
 hf = backends.get("hf")
 seen = []
 def hook(self):

@@ -1,6 +1,6 @@
 """The verdict on synthetic runs whose answer is known, and the cases where it must not pass silently.
 
-The calibration tests draw thousands of synthetic comparisons (grpo_equivalence.calibration); their bounds
+The calibration tests draw thousands of synthetic comparisons (grpo_equivalence.analysis.calibration); their bounds
 allow for the sampling error of that many trials (3 standard errors), and their seeds are fixed.
 """
 
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from grpo_equivalence import calibration, verdict
-from grpo_equivalence.stats import StatsError
+from grpo_equivalence.analysis import calibration, sequential, verdict
+from grpo_equivalence.analysis.stats import StatsError
 from helpers import make_stats
 
 PROCESS = calibration.Process()
@@ -43,7 +43,7 @@ def test_the_planned_looks_keep_both_error_rates_at_alpha_and_decide():
 def test_the_same_process_with_enough_runs_is_called_equivalent_most_of_the_time():
     rates = calibration.rates(PROCESS, shift_sd=0.0, reference_runs=12, candidate_runs=12, trials=1000, seed=3)
     # one metric alone at the last look: divergent at about that look's alpha (three standard errors allowed)
-    assert rates[verdict.EQUIVALENT] > 0.7 and rates[verdict.DIVERGENT] < verdict.look(12)["alpha"] + 0.015, rates
+    assert rates[verdict.EQUIVALENT] > 0.7 and rates[verdict.DIVERGENT] < sequential.look(12)["alpha"] + 0.015, rates
 
 
 def test_a_large_shift_is_detected():
@@ -73,13 +73,13 @@ def test_the_equivalence_bound_is_finite_where_the_noncentral_t_was_not():
             candidate = [rng.gauss(rng.uniform(-1, 1), 1) for _ in range(26)]
             result = verdict.judge(reference, candidate, margin=margin)  # unpaired: Wellek's bound
             assert result["verdict"] in (verdict.EQUIVALENT, verdict.DIVERGENT, verdict.INCONCLUSIVE)
-    assert math.isfinite(verdict.equivalence_bound(50, 14.0, 0.0125))
+    assert math.isfinite(sequential.equivalence_bound(50, 14.0, 0.0125))
     # the noncentral F form agrees with the noncentral t it replaces, where that one is finite
     from scipy.optimize import brentq
     from scipy.stats import nct
 
     c = brentq(lambda x: nct.cdf(x, 8, 2.0) - nct.cdf(-x, 8, 2.0) - 0.05, 0, 10)
-    assert verdict.equivalence_bound(8, 2.0, 0.05) == pytest.approx(c, abs=1e-5)
+    assert sequential.equivalence_bound(8, 2.0, 0.05) == pytest.approx(c, abs=1e-5)
 
 
 def test_one_reference_run_is_inconclusive_never_equivalent():
@@ -103,7 +103,7 @@ def test_the_looks_spend_alpha_in_proportion_to_their_runs():
     import numpy as np
     from scipy.stats import multivariate_normal, norm
 
-    nominal = verdict.look_alphas(0.05)
+    nominal = sequential.look_alphas(0.05)
     assert nominal[0] == pytest.approx(0.05 * 3 / 12, abs=1e-9)  # the first look: its increment, as before
     assert nominal[-1] > 2 * 0.05 / len(verdict.LOOKS)  # the last look gains from sharing runs with the others
     t = np.array(verdict.LOOKS) / verdict.LOOKS[-1]
@@ -113,12 +113,12 @@ def test_the_looks_spend_alpha_in_proportion_to_their_runs():
         inside = multivariate_normal(np.zeros(k), corr[:k, :k]).cdf(bound[:k], lower_limit=-bound[:k],
                                                                      rng=np.random.default_rng(0))
         assert 1 - inside == pytest.approx(0.05 * t[k - 1], abs=2e-4)
-    assert verdict.look(12)["alpha"] == nominal[-1] and verdict.look(40)["alpha"] == nominal[-1]
+    assert sequential.look(12)["alpha"] == nominal[-1] and sequential.look(40)["alpha"] == nominal[-1]
 
 
 def test_holm_over_a_family_is_stricter_than_each_test_alone():
-    assert verdict.holm([0.01, 0.04, 0.03], 0.05) == [True, False, False]
-    assert verdict.holm([0.01, 0.02, 0.03], 0.05) == [True, True, True]
+    assert sequential.holm([0.01, 0.04, 0.03], 0.05) == [True, False, False]
+    assert sequential.holm([0.01, 0.02, 0.03], 0.05) == [True, True, True]
     one = verdict.judge([0.0, 1.0, 2.0, 0.5, 1.5], [3.0, 4.1, 5.0, 3.6, 4.4], reference_seeds=[1, 2, 3, 4, 5],
                         candidate_seeds=[1, 2, 3, 4, 5])
     assert one["verdict"] == verdict.DIVERGENT
@@ -128,14 +128,14 @@ def test_holm_over_a_family_is_stricter_than_each_test_alone():
 
 
 def test_weighted_holm_gives_the_headline_tests_their_share_of_alpha():
-    assert verdict.holm([0.01, 0.04, 0.03], 0.05, [1.0, 1.0, 1.0]) == verdict.holm([0.01, 0.04, 0.03], 0.05)
+    assert sequential.holm([0.01, 0.04, 0.03], 0.05, [1.0, 1.0, 1.0]) == sequential.holm([0.01, 0.04, 0.03], 0.05)
     # one headline test among nine others: 0.8 of alpha for it at Holm's first step, not a tenth
     p = [0.03] + [0.5] * 9
-    assert verdict.holm(p, 0.05) == [False] * 10
-    assert verdict.holm(p, 0.05, verdict.headline_weights([True] + [False] * 9))[0]
-    assert not verdict.holm([0.041] + [0.5] * 9, 0.05, verdict.headline_weights([True] + [False] * 9))[0]
+    assert sequential.holm(p, 0.05) == [False] * 10
+    assert sequential.holm(p, 0.05, verdict.headline_weights([True] + [False] * 9))[0]
+    assert not sequential.holm([0.041] + [0.5] * 9, 0.05, verdict.headline_weights([True] + [False] * 9))[0]
     # a rejection passes its weight on: the other test then gets all of alpha
-    assert verdict.holm([0.001, 0.049], 0.05, [0.8, 0.2]) == [True, True]
+    assert sequential.holm([0.001, 0.049], 0.05, [0.8, 0.2]) == [True, True]
     assert verdict.headline_weights([True, True]) == [1.0, 1.0]
 
 

@@ -100,8 +100,8 @@ def test_replicates_ran_with_their_own_seeds(study):
 def test_report_verdicts_match_the_statistics(study):
     """Every verdict and its evidence, recomputed here from the statistics files of all seeds: each comparison
     with Holm over its own metrics (its family; no correction across the candidates)."""
-    from grpo_equivalence import verdict
-    from grpo_equivalence.compare import compare
+    from grpo_equivalence.analysis import verdict
+    from grpo_equivalence.analysis.compare import compare
 
     report = (study / "results/grpo_equivalence.md").read_text()
     verdict_tables = tables_headed(report, "Candidate", "loss")[0::2]  # per step count: verdicts, step by step
@@ -127,8 +127,8 @@ def test_report_verdicts_match_the_statistics(study):
 
 def test_report_has_the_rollout_check_with_its_verdicts(study):
     """The rollout check of every backend and of the reference at a second seed, judged as the report says."""
-    from grpo_equivalence import report as report_module
-    from grpo_equivalence import rollout
+    from grpo_equivalence.checks import rollout
+    from grpo_equivalence.report import sections as report_module
 
     report = (study / "results/grpo_equivalence.md").read_text()
     assert "## Rollout check at fixed weights" in report
@@ -146,7 +146,7 @@ def test_report_has_the_rollout_check_with_its_verdicts(study):
 def test_hf_static_is_equivalent_to_hf(study):
     """On the CPU transformers does not compile, and hf_static (a static KV cache) samples exactly as hf does:
     every seed's run equals hf's, so the verdict on the shared seeds is equivalent on every metric."""
-    from grpo_equivalence import stats, verdict
+    from grpo_equivalence.analysis import stats, verdict
 
     report = (study / "results/grpo_equivalence.md").read_text()
     for steps, verdicts, step_diffs in zip(STEPS, tables_headed(report, "Candidate", "loss")[0::2],

@@ -4,9 +4,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import report, stats, verdict
-from .compare import compare
-from .summary import DEFAULT_SKIP, summarise
+from .analysis import stats, verdict
+from .analysis.compare import compare
+from .analysis.summary import DEFAULT_SKIP, summarise
+from .report import render, sections
 
 
 def _write(text: str, out: str | None, force: bool) -> None:
@@ -69,7 +70,7 @@ def report_main(argv=None):
     parser.add_argument("--alpha", type=float, default=verdict.ALPHA, help="error rate of each verdict (default: %(default)s)")
     parser.add_argument("--margin", type=float, default=verdict.MARGIN, help="largest difference still equivalent, in "
                         "standard deviations of a seed-to-seed difference (default: %(default)s)")
-    parser.add_argument("--template", type=Path, default=report.TEMPLATE, help="Jinja template (default: %(default)s)")
+    parser.add_argument("--template", type=Path, default=render.TEMPLATE, help="Jinja template (default: %(default)s)")
     parser.add_argument("--figures", help="link the workflow's figures found in this folder (curves_<steps>.png, "
                         "speed_memory.png)")
     parser.add_argument("--rollout", help="judge the rollout checks found in this folder (<backend>[_seed<seed>].json, or "
@@ -80,9 +81,9 @@ def report_main(argv=None):
         sys.exit(f"error: template {args.template} not found; pass --template report_templates/grpo_equivalence.md.j2 "
                  f"from a checkout of this project")
     report_dir = Path(args.output).parent if args.output else Path.cwd()
-    _run(lambda: _write(report.from_stats_dir(
+    _run(lambda: _write(render.from_stats_dir(
         Path(args.stats_dir), args.reference, args.skip, args.template, alpha=args.alpha, margin=args.margin,
-        figures=report.figures_in(Path(args.figures), report_dir) if args.figures else None,
-        rollout=report.rollout_from_dir(Path(args.rollout), args.reference, alpha=args.alpha) if args.rollout else None),
+        figures=render.figures_in(Path(args.figures), report_dir) if args.figures else None,
+        rollout=sections.rollout_from_dir(Path(args.rollout), args.reference, alpha=args.alpha) if args.rollout else None),
         args.output, args.force))
 

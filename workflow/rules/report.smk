@@ -52,7 +52,7 @@ rule render_report:
     params:
         settings=job_args(reference=REFERENCE, verdict=config["verdict"], rollout_check=config["rollout_check"]),
         script=entry_point("render_report"),
-        code=script_code("render_report", files=[REPORT_TEMPLATE]),
+        code=script_code("render_report", files=template_files()),
         io=lambda wildcards, input, output: io_args(
             summaries=list(input.summaries),
             comparisons=list(input.comparisons),

@@ -1,5 +1,5 @@
 # The rollout check at fixed weights: each backend samples the same prompts from the study's model with a fresh
-# adapter through its own rollout path, and the trainer scores every sampled token (grpo_equivalence.rollout).
+# adapter through its own rollout path, and the trainer scores every sampled token (grpo_equivalence.checks.rollout).
 # No training: minutes, where the training verdict needs runs. The reference is checked with a second seed too,
 # the control that shows how a correct sampler compares with itself.
 

@@ -1,6 +1,6 @@
 # GRPO training, one job per backend x step count x seed (the study's, then each replicate's). The `gpu`
 # resource lets Snakemake run as many train jobs at once as --resources gpu=N allows (0 in the CPU tiny
-# study, so they only share cores); each job then leases its own GPU(s) (grpo_equivalence.gpus), since
+# study, so they only share cores); each job then leases its own GPU(s) (grpo_equivalence.runtime.gpus), since
 # Snakemake only counts them.
 
 
@@ -35,7 +35,7 @@ rule train:
             **gpu_io(f"{wildcards.backend}_{wildcards.steps}_seed{seed_of(wildcards)}",
                      alone=config["gpu_sharing"]["speed_runs"] != "packed" and not wildcards.replicate),
         ),
-    # Longest expected job first, so that the GPUs finish together (grpo_equivalence.schedule).
+    # Longest expected job first, so that the GPUs finish together (grpo_equivalence.study.schedule).
     priority: lambda wildcards: schedule.priority(wildcards.backend, int(wildcards.steps))
     resources:
         gpu=gpu_resource(),
@@ -62,6 +62,6 @@ onstart:
     if workflow.local_exec:
         pending = sorted({j.wildcards.backend for j in workflow.dag.needrun_jobs() if j.rule.name == "train"})
         if pending:
-            from grpo_equivalence.train import check_runnable
+            from grpo_equivalence.training.session import check_runnable
 
             check_runnable(config, pending)

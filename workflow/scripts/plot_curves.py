@@ -2,7 +2,9 @@
 
 from pathlib import Path
 
-from grpo_equivalence import jobs, plots, runs
+from grpo_equivalence.analysis import runs
+from grpo_equivalence.report import plots
+from grpo_equivalence.runtime import jobs
 
 a = jobs.arguments()
 groups = runs.group_runs(runs.load_runs(a["stats"]))

@@ -3,7 +3,8 @@
 import json
 from pathlib import Path
 
-from grpo_equivalence import jobs, plots
+from grpo_equivalence.report import plots
+from grpo_equivalence.runtime import jobs
 
 a = jobs.arguments()
 plots.speed_memory([json.loads(Path(p).read_text()) for p in a["summaries"]], a["reference"], Path(a["out"]))

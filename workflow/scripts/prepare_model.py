@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from grpo_equivalence import jobs, tiny
+from grpo_equivalence.runtime import jobs
+from grpo_equivalence.training import tiny
 
 a = jobs.arguments()
 t = a["tiny"]

@@ -3,7 +3,8 @@
 import time
 from pathlib import Path
 
-from grpo_equivalence import jobs, random_model
+from grpo_equivalence.runtime import jobs
+from grpo_equivalence.training import random_model
 
 a = jobs.arguments()
 jobs.stop_with_workflow()

@@ -1,6 +1,7 @@
 """Rule prime: a short supervised pass so that the tiny model writes the answer format (see prime.py)."""
 
-from grpo_equivalence import jobs, prime
+from grpo_equivalence.runtime import jobs
+from grpo_equivalence.training import prime
 
 a = jobs.arguments()
 jobs.stop_with_workflow()

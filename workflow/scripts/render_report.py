@@ -4,16 +4,19 @@ import json
 import os
 from pathlib import Path
 
-from grpo_equivalence import jobs, report, rollout, runs, stats
+from grpo_equivalence.analysis import runs, stats
+from grpo_equivalence.checks import rollout
+from grpo_equivalence.report import render, sections
+from grpo_equivalence.runtime import jobs
 
 a = jobs.arguments()
 out = Path(a["out"])
 figures = {"curves": {int(steps): os.path.relpath(path, out.parent) for steps, path in a["curves"].items()},
            "speed": os.path.relpath(a["speed"], out.parent)}
-text = report.render(summaries=[json.loads(Path(p).read_text()) for p in a["summaries"]],
+text = render.render(summaries=[json.loads(Path(p).read_text()) for p in a["summaries"]],
                      comparisons=[json.loads(Path(p).read_text()) for p in a["comparisons"]],
                      reference=a["reference"], runs=runs.load_runs(a["stats"]), figures=figures,
                      alpha=a["verdict"]["alpha"], margin=a["verdict"]["margin"],
-                     rollout=report.rollout_section([rollout.load(p) for p in a["rollout"]], a["reference"],
+                     rollout=sections.rollout_section([rollout.load(p) for p in a["rollout"]], a["reference"],
                                                     alpha=a["verdict"]["alpha"], settings=a["rollout_check"]))
 stats.write_text(out, text)

@@ -1,14 +1,17 @@
 """Rule rollout_check: one backend samples the check's prompts at fixed weights, on a GPU of its own or a share of one, and the
-trainer scores every sampled token (grpo_equivalence.rollout)."""
+trainer scores every sampled token (grpo_equivalence.checks.rollout)."""
 
 from pathlib import Path
 
-from grpo_equivalence import gpushare, jobs, rollout, runcache, train
+from grpo_equivalence.checks import rollout
+from grpo_equivalence.runtime import jobs
+from grpo_equivalence.study import gpushare, runcache
+from grpo_equivalence.training import session
 
 a = jobs.arguments()
 jobs.stop_with_workflow()
 a["config"].update(a.get("resolved", {}))  # the reward files and chat template where this job finds them
-train.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
+session.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
 runcache.use_compile_caches(a)
 with gpushare.leased_for_job(a):
     import torch

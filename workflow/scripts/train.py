@@ -2,12 +2,14 @@
 
 A run finished before with exactly these settings, code, inputs, packages and GPU model (an interrupted
 workflow whose outputs Snakemake marked incomplete) is restored from the run cache instead of trained again
-(grpo_equivalence.runcache says what the key covers and how to bypass it).
+(grpo_equivalence.study.runcache says what the key covers and how to bypass it).
 """
 
 from pathlib import Path
 
-from grpo_equivalence import gpushare, jobs, parallel, runcache, train
+from grpo_equivalence.runtime import jobs
+from grpo_equivalence.study import gpushare, runcache
+from grpo_equivalence.training import parallel, session, train
 
 a = jobs.arguments()
 jobs.stop_with_workflow()
@@ -20,7 +22,7 @@ elif not cache.restore_allowed:
           flush=True)
 a["config"].update(a.get("resolved", {}))  # the reward files and chat template where this job finds them
 if runcache.restore(cache, out) is None:
-    train.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
+    session.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
     runcache.use_compile_caches(a)
     keep = lambda path, result: runcache.keep(cache, result, path)  # noqa: E731
     with gpushare.leased_for_job(a) as lease:

@@ -1,0 +1,187 @@
+"""Verdicts of the rollout check (grpo_equivalence.checks.rollout): a candidate's sampled and scored completions against
+the reference's, from the same checkpoint and prompts. Four tests, each with a divergence p-value and an
+equivalence test against a margin fixed in advance:
+
+- support: tokens the study's settings exclude (clearly, beyond the rounding tolerance), per token sampled. The
+  candidate's count against the reference's, conditionally on their sum (binomial, one-sided: only more is a
+  fault). Equivalent when the candidate's rate is, at 1 - alpha confidence (Clopper-Pearson), within
+  `support_margin` of the reference's.
+- score: the mean over tokens of log q(x) + H(q), whose variance under correct sampling is known exactly at
+  every token (rollout's docstring); the candidate's mean against the reference's (z-test). The margin is
+  the shift a sampler hotter by `temperature_margin` (10 % by default, the smallest injected temperature
+  fault) would cause at the very tokens scored: equivalent means closer to the settings than that.
+- completion_length and reward: per prompt, the candidate's mean over its completions minus the reference's
+  (the prompts are shared: paired). Equivalence tests only (two one-sided tests within `margin` standard
+  deviations of a completion's value): they are consequences of the tokens drawn, which the two tests above
+  judge exactly, and their values are discrete and heavy-tailed; the paired t-test's p is shown as evidence.
+  Where every completion of both backends has the same value (a model with random weights: every completion
+  runs to the length limit and earns the same reward), the test has no variation to judge: "no variation",
+  left out of the candidate's verdict, never "equivalent".
+
+Divergence is decided on the support and score tests, with Holm's step-down over those of every candidate
+judged together (the report's family), so that a report of candidates that all sample correctly calls
+something divergent at most alpha of the time. A candidate is divergent if one of them is, equivalent if all
+four tests are (those with no variation left out), inconclusive otherwise: then the evidence says how many completions would confirm equivalence
+90 % of the time if the two sampled alike.
+The sampler/trainer mismatch (where the backend reports its own log-probabilities) is shown, not judged:
+it has no noise floor to judge it against.
+"""
+
+import math
+import statistics
+
+from ..analysis.sequential import holm
+from ..analysis.stats import StatsError
+from ..analysis.verdict import DIVERGENT, EQUIVALENT, INCONCLUSIVE
+
+TESTS = ("support", "score", "completion_length", "reward")
+NO_VARIATION = "no variation"  # a paired test where every completion of both backends had the same value
+DIVERGENCE_TESTS = ("support", "score")  # the others are equivalence tests only
+CONFIRM_POWER = 0.9  # the chance of confirming equivalence, if it holds, that the advice on more samples aims for
+
+
+def _z(p: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(p))
+
+
+def totals(run: dict) -> dict:
+    """A rollout-check file in the sums the tests need, and per prompt the mean length and reward."""
+    completions = run["completions"]
+    per_prompt: dict[int, list] = {}
+    for c in completions:
+        per_prompt.setdefault(c["prompt"], []).append(c)
+    return {
+        "tokens": sum(c["tokens"] for c in completions),
+        "outside": sum(c["outside_clear"] for c in completions),
+        "outside_strict": sum(c["outside"] for c in completions),
+        "scored": sum(c["scored"] for c in completions),
+        "score": sum(c["score"] for c in completions),
+        "variance": sum(c["variance"] for c in completions),
+        "hot_shift": sum(c["hot_shift"] for c in completions),
+        "completions": len(completions),
+        "values": {key: [c["tokens" if key == "completion_length" else key] for c in completions]
+                   for key in ("completion_length", "reward")},
+        "by_prompt": {key: {p: statistics.fmean(c["tokens" if key == "completion_length" else key] for c in cs)
+                            for p, cs in per_prompt.items()} for key in ("completion_length", "reward")},
+    }
+
+
+def support_test(ref: dict, cand: dict, *, alpha: float, margin: float) -> dict:
+    from scipy.stats import beta, binom
+
+    k_c, n_c, k_r, n_r = cand["outside"], cand["tokens"], ref["outside"], ref["tokens"]
+    if n_c == 0 or n_r == 0:
+        raise StatsError("a rollout check without sampled tokens cannot be judged; sample more (rollout_check.prompts)")
+    p = float(binom.sf(k_c - 1, k_c + k_r, n_c / (n_c + n_r))) if k_c + k_r else 1.0
+    upper = 1.0 if k_c >= n_c else float(beta.ppf(1 - alpha, k_c + 1, n_c - k_c))
+    excess = upper - k_r / n_r
+    result = {"p_value": p, "equivalent": excess < margin, "candidate_rate": k_c / n_c, "reference_rate": k_r / n_r,
+              "candidate_outside": k_c, "reference_outside": k_r, "upper_excess": excess, "margin": margin}
+    if not result["equivalent"]:
+        # tokens such that, with as few outside as the reference has, the upper bound falls under the margin
+        result["needed_factor"] = max(1.0, -math.log(alpha) / max(margin - k_r / n_r, 1e-12) / n_c)
+    return result
+
+
+def score_test(ref: dict, cand: dict, *, alpha: float) -> dict:
+    from scipy.stats import norm
+
+    if cand["scored"] == 0 or ref["scored"] == 0:
+        raise StatsError("a rollout check without scored tokens cannot be judged; sample more (rollout_check.prompts)")
+    means = [run["score"] / run["scored"] for run in (ref, cand)]
+    se = math.sqrt(ref["variance"] / ref["scored"] ** 2 + cand["variance"] / cand["scored"] ** 2)
+    difference = means[1] - means[0]
+    margin = (abs(ref["hot_shift"]) + abs(cand["hot_shift"])) / (ref["scored"] + cand["scored"])
+    z = difference / se if se > 0 else (0.0 if difference == 0 else math.copysign(math.inf, difference))
+    result = {"p_value": float(2 * norm.sf(abs(z))), "difference": difference, "se": se, "z": z, "margin": margin,
+              "equivalent": abs(difference) + _z(1 - alpha) * se < margin,
+              # each backend on its own against the settings: N(0, 1) under correct sampling
+              "reference_z": ref["score"] / math.sqrt(ref["variance"]) if ref["variance"] else 0.0,
+              "candidate_z": cand["score"] / math.sqrt(cand["variance"]) if cand["variance"] else 0.0}
+    if not result["equivalent"]:
+        result["needed_factor"] = _factor(se, margin, alpha)
+    return result
+
+
+def paired_test(ref: dict, cand: dict, key: str, *, alpha: float, margin_sd: float) -> dict:
+    from scipy.stats import t as student
+
+    shared = sorted(set(ref["by_prompt"][key]) & set(cand["by_prompt"][key]))
+    if len(shared) < 2:
+        raise StatsError("the rollout checks share fewer than two prompts; give both the same rollout_check settings")
+    differences = [cand["by_prompt"][key][p] - ref["by_prompt"][key][p] for p in shared]
+    n, mean = len(differences), statistics.fmean(differences)
+    sd = statistics.stdev(differences)
+    spread = statistics.stdev(ref["values"][key] + cand["values"][key])
+    if spread == 0:  # nothing to tell the samplers apart by (the margin would be 0: equivalence unreachable)
+        value = ref["values"][key][0]
+        return {"p_value": 1.0, "difference": 0.0, "se": 0.0, "prompts": n, "margin": 0.0, "equivalent": False,
+                "no_variation": True, "reference_mean": value, "candidate_mean": value,
+                "reason": f"every completion of both had {key} {value:g}"}
+    margin = margin_sd * spread
+    se = sd / math.sqrt(n)
+    t = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
+    result = {"p_value": float(2 * student.sf(abs(t), n - 1)), "difference": mean, "se": se, "prompts": n,
+              "margin": margin, "equivalent": abs(mean) + float(student.ppf(1 - alpha, n - 1)) * se < margin,
+              "reference_mean": statistics.fmean(ref["values"][key]),
+              "candidate_mean": statistics.fmean(cand["values"][key])}
+    if not result["equivalent"]:
+        result["needed_factor"] = _factor(se, margin, alpha)
+    return result
+
+
+def _factor(se: float, margin: float, alpha: float) -> float:
+    """How many times the samples would make two alike samplers pass the equivalence test CONFIRM_POWER of the time."""
+    if margin <= 0:
+        return math.inf
+    target = margin / (_z(1 - alpha) + _z(0.5 + CONFIRM_POWER / 2))
+    return max(1.0, (se / target) ** 2)
+
+
+def compare(reference: dict, candidate: dict, *, alpha: float, support_margin: float, margin_sd: float) -> dict:
+    """The tests of one candidate's rollout-check file against the reference's, before the family's correction."""
+    if reference.get("order", "transformers") != candidate.get("order", "transformers"):
+        raise StatsError(f"the rollout checks of {reference['backend']} and {candidate['backend']} scored with different "
+                         f"filter orders; rerun both with one rollout_check.order")
+    for run in (reference, candidate):
+        if run["sampling"] != reference["sampling"]:
+            raise StatsError(f"the rollout checks of {reference['backend']} and {candidate['backend']} used different "
+                             f"sampling settings ({reference['sampling']} vs {candidate['sampling']}); rerun both")
+    ref, cand = totals(reference), totals(candidate)
+    tests = {
+        "support": support_test(ref, cand, alpha=alpha, margin=support_margin),
+        "score": score_test(ref, cand, alpha=alpha),
+        **{key: paired_test(ref, cand, key, alpha=alpha, margin_sd=margin_sd) for key in ("completion_length", "reward")},
+    }
+    return {"reference": reference["backend"], "candidate": candidate["backend"], "reference_seed": reference["seed"],
+            "candidate_seed": candidate["seed"], "alpha": alpha, "tokens": {"reference": ref["tokens"],
+            "candidate": cand["tokens"]}, "completions": {"reference": ref["completions"], "candidate": cand["completions"]},
+            "mismatch": {"reference": reference.get("mismatch"), "candidate": candidate.get("mismatch")},
+            "fault": candidate.get("fault"), "tests": tests}
+
+
+def finalize(comparisons: list[dict], alpha: float) -> list[dict]:
+    """Verdicts for comparisons judged together: Holm over all their tests, then per test and per candidate."""
+    flat = [(c, name) for c in comparisons for name in DIVERGENCE_TESTS]
+    rejected = holm([c["tests"][name]["p_value"] for c, name in flat], alpha)
+    for (comparison, name), divergent in zip(flat, rejected, strict=True):
+        test = comparison["tests"][name]
+        test["verdict"] = DIVERGENT if divergent else EQUIVALENT if test["equivalent"] else INCONCLUSIVE
+    for comparison in comparisons:
+        for name in set(TESTS) - set(DIVERGENCE_TESTS):
+            test = comparison["tests"][name]
+            test["verdict"] = (NO_VARIATION if test.get("no_variation") else EQUIVALENT if test["equivalent"]
+                               else INCONCLUSIVE)
+    for comparison in comparisons:
+        verdicts = [comparison["tests"][name]["verdict"] for name in TESTS
+                    if comparison["tests"][name]["verdict"] != NO_VARIATION]
+        comparison["family_size"] = len(flat)
+        comparison["verdict"] = (DIVERGENT if DIVERGENT in verdicts else EQUIVALENT if set(verdicts) == {EQUIVALENT}
+                                 else INCONCLUSIVE)
+        open_tests = [comparison["tests"][n] for n in TESTS if comparison["tests"][n]["verdict"] == INCONCLUSIVE]
+        factor = max((t.get("needed_factor", 1.0) for t in open_tests), default=None)
+        comparison["needed_completions"] = (math.ceil(factor * comparison["completions"]["candidate"])
+                                            if factor is not None and math.isfinite(factor) else None)
+    return comparisons

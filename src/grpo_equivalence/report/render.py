@@ -1,0 +1,110 @@
+"""The equivalence report rendered from its Jinja template (report_templates/, a file per section): per step
+count the verdicts with their evidence, speed and memory, the settings and warnings that differ between backends;
+then the study's settings. What each section shows is computed in sections."""
+
+from pathlib import Path
+
+from ..analysis import runs as run_files
+from ..analysis import verdict
+from ..analysis.compare import COMPARED, NOT_LOGGED, compare
+from ..analysis.summary import DEFAULT_SKIP, summarise
+from ..runtime.paths import CURVES_FIGURE, SPEED_FIGURE, TEMPLATES
+from .sections import NOT_RECORDED, SHARED_GPU, reference_run, step_tables, study_settings, warnings_by_backend
+
+TEMPLATE = TEMPLATES / "grpo_equivalence.md.j2"
+
+
+def template_files(template: Path = TEMPLATE) -> list[Path]:
+    """The template and every template beside or below it, which it may include: what the report is made of."""
+    folder = Path(template).parent
+    return [Path(template), *sorted(p for p in folder.rglob("*.j2") if p != Path(template))]
+
+
+def _cell(value) -> str:
+    """A value as one Markdown table cell: a `|` would end the cell and a newline the row."""
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _sig(value, digits: int = 4) -> str:
+    """A number with `digits` significant digits (differences of metrics that live on any scale)."""
+    return NOT_LOGGED if value is None else f"{value:.{digits}g}"
+
+
+def _num(value, digits: int = 3) -> str:
+    if value is None:
+        return NOT_LOGGED
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e-3 and value != 0 else f"{value:.{digits}f}"
+    return str(value)
+
+
+def render(*, summaries: list[dict], comparisons: list[dict], reference: str, runs: dict, figures: dict | None = None,
+           template: Path = TEMPLATE, rollout: dict | None = None, alpha: float = verdict.ALPHA,
+           margin: float = verdict.MARGIN) -> str:
+    """`runs`: {path: stats} of every run (all seeds); `figures`: {"curves": {steps: path}, "speed": path}, paths
+    relative to the report's folder, or None where no figure was made; `rollout`: rollout_section's result."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(template).parent)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["num"] = _num
+    env.filters["sig"] = _sig
+    env.filters["cell"] = _cell
+    groups = run_files.group_runs(runs)
+    primaries = [group[0] for group in groups.values()]
+    return env.get_template(Path(template).name).render(
+        reference=reference, tables=step_tables(summaries, comparisons, groups, reference, alpha=alpha, margin=margin),
+        metrics=COMPARED, summaries={m: text for m, (text, _) in verdict.SUMMARIES.items()}, looks=verdict.LOOKS,
+        verdicts=verdict, not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, shared_gpu=SHARED_GPU,
+        figures=figures or {},
+        settings=study_settings(reference_run(primaries, reference)), warnings=warnings_by_backend(list(runs.values())),
+        backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)), rollout=rollout)
+
+
+def figures_in(folder: Path, relative_to: Path) -> dict:
+    """The workflow's figures (paths.CURVES_FIGURE, paths.SPEED_FIGURE by name) found in `folder`, as render takes
+    them: paths relative to `relative_to`, the report's folder."""
+    import os
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder; pass the folder holding curves_<steps>.png and speed_memory.png")
+    rel = lambda path: os.path.relpath(path, relative_to)  # noqa: E731
+    prefix, suffix = Path(CURVES_FIGURE).name.split("{steps}")
+    curves = {int(p.name.removeprefix(prefix).removesuffix(suffix)): rel(p) for p in folder.glob(f"{prefix}*{suffix}")
+              if p.name.removeprefix(prefix).removesuffix(suffix).isdigit()}
+    speed = folder / Path(SPEED_FIGURE).name
+    return {"curves": curves, "speed": rel(speed) if speed.exists() else None}
+
+
+def stats_files(folder: Path) -> list[Path]:
+    """The statistics files in `folder`: grpo_<backend>_<steps>[_seed<seed>].json, or .json.gz, not summaries."""
+    found = sorted([*Path(folder).glob("grpo_*.json"), *Path(folder).glob("grpo_*.json.gz")])
+    return [p for p in found if not p.name.endswith((".summary.json", ".summary.json.gz"))]
+
+
+def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE, *,
+                   alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, figures: dict | None = None,
+                   rollout: dict | None = None) -> str:
+    """The report of every statistics file in `stats_dir` (grpo_<backend>_<steps>[_seed<seed>].json), as grpo-report
+    makes it: each backend's runs of one step count are its seeds, the reference's measure the noise floor."""
+    stats_dir = Path(stats_dir)
+    if not stats_dir.is_dir():
+        raise FileNotFoundError(f"{stats_dir} is not a folder; pass the folder holding the grpo_<backend>_<steps>.json files")
+    paths = stats_files(stats_dir)
+    if not paths:
+        raise FileNotFoundError(f"no statistics files (grpo_<backend>_<steps>.json) in {stats_dir}")
+    return render(**judged(run_files.load_runs(paths), reference, skip, alpha=alpha, margin=margin), reference=reference,
+                  template=template, figures=figures, rollout=rollout, alpha=alpha, margin=margin)
+
+
+def judged(runs: dict, reference: str, skip: int = DEFAULT_SKIP, *, alpha: float = verdict.ALPHA,
+           margin: float = verdict.MARGIN) -> dict:
+    """What render takes of a set of runs ({path: stats}): every backend's summary and its comparison with the
+    reference at each step count."""
+    groups = run_files.group_runs(runs)
+    reference_run([group[0] for group in groups.values()], reference)  # fails early, naming the backends found
+    summaries = [summarise(group[0], skip) for group in groups.values()]
+    comparisons = [compare(groups[(reference, steps)], group, alpha=alpha, margin=margin)
+                   for (backend, steps), group in groups.items() if backend != reference and (reference, steps) in groups]
+    return {"summaries": summaries, "comparisons": comparisons, "runs": runs}

@@ -1,0 +1,118 @@
+"""The study file: read with the line of a YAML error, `--config` overrides over it, the schema's defaults and
+its complaints in one short line each (validate checks the rest).
+"""
+
+from pathlib import Path
+
+import yaml
+
+from ..runtime.paths import SCHEMA
+
+TINY = "tiny"  # the value of `model` / `dataset.path` that selects the built-in tiny study
+RANDOM = "random"  # the value of `model` that builds a real architecture with random weights (random_model)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def with_defaults(name: str, section: dict | None) -> dict:
+    """A section of the study with the schema's defaults under it (the workflow's config has them filled in by
+    the schema; a benchmark, a test or a job that gets its own copy gets them here)."""
+    defaults = yaml.safe_load(SCHEMA.read_text())["properties"][name]["default"]
+    return {**defaults, **(section or {})}
+
+
+def rollout_check_settings(section: dict | None) -> dict:
+    return with_defaults("rollout_check", section)
+
+
+def load_study(path) -> dict:
+    """A study file, as Snakemake would read it, but with the file, line and column of a YAML error."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"study file {path} not found; pass an existing file (e.g. studies/tiny.yaml)") from None
+    except (IsADirectoryError, UnicodeDecodeError) as e:
+        raise ConfigError(f"study file {path} is not a YAML text file ({type(e).__name__})") from None
+    try:
+        study = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem}); fix that line (indent with spaces, close every "
+                          f"bracket and quote)") from None
+    if not isinstance(study, dict):
+        raise ConfigError(f"{path}: a study is a YAML mapping of settings (key: value), not a {type(study).__name__}")
+    return study
+
+
+def with_overrides(study: dict, overrides: dict) -> dict:
+    """`--config key=value` pairs over a study file. Snakemake passes their values as text; they are read as
+    YAML here, so that steps=[4,6] is a list of numbers rather than the string "[4,6]". A mapping merges into
+    its section: grpo={learning_rate: 1.0e-5} changes that key alone."""
+    def typed(value):
+        if isinstance(value, str):
+            return yaml.safe_load(value)
+        if isinstance(value, list):
+            return [typed(v) for v in value]
+        if isinstance(value, dict):
+            return {k: typed(v) for k, v in value.items()}
+        return value
+
+    def merged(base, value):
+        # A section given on the command line changes the keys it names and keeps the others
+        if isinstance(base, dict) and isinstance(value, dict):
+            return {**base, **{k: merged(base.get(k), v) for k, v in value.items()}}
+        return value
+
+    return {**study, **{key: merged(study.get(key), typed(value)) for key, value in overrides.items()}}
+
+
+def _key(path) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def schema_problems(config: dict, schema_path: Path = SCHEMA) -> list[str]:
+    """The schema's complaints, one short line each (jsonschema's own text quotes the whole schema)."""
+    import jsonschema
+
+    schema = yaml.safe_load(schema_path.read_text())
+    problems = []
+    for error in sorted(jsonschema.Draft202012Validator(schema).iter_errors(config), key=lambda e: list(e.path)):
+        where = _key(error.absolute_path)
+        if error.validator == "additionalProperties":
+            known = sorted(error.schema.get("properties", {}))
+            unknown = sorted(set(error.instance) - set(known))
+            for name in unknown:
+                key = f"{where}.{name}" if error.absolute_path else name
+                problems.append(f"{key}: unknown setting; remove it or fix its spelling (known here: {', '.join(known)})")
+        elif error.validator == "required":
+            problems.append(f"{where}: {error.message}; add it (see config.yaml for the study's value)")
+        elif error.validator == "type" and "number" in str(error.validator_value) and _numeric_text(error.instance):
+            problems.append(f"{where}: {error.instance!r} is text to YAML, not a number; write it with a dot and a "
+                            f"signed exponent, e.g. {_float_spelling(error.instance)}")
+        else:
+            problems.append(f"{where}: {error.message}")
+    return problems
+
+
+def _numeric_text(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, str)
+
+
+def _float_spelling(text: str) -> str:
+    """5e-4 -> 5.0e-4: the spelling YAML 1.1 (PyYAML, Snakemake) reads as a number."""
+    mantissa, _, exponent = text.lower().partition("e")
+    mantissa = mantissa if "." in mantissa else f"{mantissa}.0"
+    if not exponent:
+        return mantissa
+    return f"{mantissa}e{exponent if exponent[0] in '+-' else '+' + exponent}"
+
+

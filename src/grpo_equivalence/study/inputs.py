@@ -1,0 +1,160 @@
+"""The study's inputs on this machine: which files of the user's own a run reads (the train rule's inputs, the run
+cache's content), whether a job may use the network, and what can be checked of them before any job."""
+
+from pathlib import Path
+
+from ..runtime.paths import PROJECT
+from .config import RANDOM, TINY
+
+
+def architecture_path(value: str) -> Path:
+    """A random_model.architecture file: as given (absolute, or from the working directory), else in the project."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() or path.exists() else PROJECT / value
+
+
+def random_model_problems(section) -> list[str]:
+    if not isinstance(section, dict) or not isinstance(section.get("architecture"), str):
+        return ['random_model: model is "random" but random_model.architecture is not set; add the section (see '
+                'studies/speed-4b.yaml)']
+    from ..training.random_model import load_architecture
+
+    path = architecture_path(section["architecture"])
+    try:
+        architecture = load_architecture(path)
+    except FileNotFoundError:
+        return [f"random_model.architecture: {section['architecture']} not found (looked in the working directory "
+                f"and {PROJECT}); give a config.json such as studies/architectures/qwen3-4b.json"]
+    except ValueError as e:
+        return [f"random_model.architecture: {e}"]
+    size = section.get("tokenizer_size")
+    if isinstance(size, int) and size > architecture["vocab_size"]:
+        return [f"random_model.tokenizer_size: {size} tokens do not fit the architecture's {architecture['vocab_size']} "
+                f"embedding rows; lower it to the real tokenizer's size"]
+    return []
+
+
+# load_dataset builders that read local files named by dataset.data_files
+FILE_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
+
+
+def _looks_like_a_path(model: str) -> bool:
+    """A hub id is `name` or `org/name`; anything else (absolute, ./, ~, more parts) is meant as a folder."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or Path(model).exists()
+
+
+CHAT_TEMPLATE_STUDY = "study"  # chat_template: the original study's answer format (answer_format.CHAT_TEMPLATE)
+
+
+def chat_template_file(value: str, bases=()) -> Path | None:
+    """The file a chat_template setting names, if it names one (relative to `bases`, else as given)."""
+    path = Path(value).expanduser()
+    for candidate in ([path] if path.is_absolute() else [Path(b) / path for b in bases] + [path]):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+def is_local(config: dict) -> bool:
+    """Model and data come from this machine (the tiny study, a model folder, local data files): no job
+    needs the network, so none may use it."""
+    model, dataset = config["model"], config["dataset"]
+    model_local = model in (TINY, RANDOM) or Path(model).expanduser().exists()
+    data_local = dataset["path"] == TINY or Path(dataset["path"]).expanduser().exists() or (
+        dataset["path"] in FILE_BUILDERS and bool(dataset.get("data_files")))
+    return model_local and data_local
+
+
+def _files_under(path: Path) -> list[Path]:
+    """A file, or every file in a folder (not in hidden folders such as .git or .cache)."""
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                                                                           p.relative_to(path).parts[:-1]))
+
+
+def local_input_files(config: dict) -> list[str]:
+    """The user's own files that a run reads: their model folder, their data set's folder or files. The train
+    rule takes them as inputs, so that Snakemake reruns a job whose model or data changed, and the run cache keys
+    on their content. (The built tiny and random models and the tiny data are outputs of rules already.)"""
+    found = []
+    model = config["model"]
+    if model not in (TINY, RANDOM) and Path(model).expanduser().exists():
+        found += _files_under(Path(model).expanduser())
+    dataset = config["dataset"]
+    if dataset["path"] != TINY and Path(dataset["path"]).expanduser().exists():
+        found += _files_under(Path(dataset["path"]).expanduser())
+    if dataset["path"] in FILE_BUILDERS:
+        import glob
+
+        files = dataset.get("data_files") or []  # a path or a pattern (the schema takes one string)
+        for name in [files] if isinstance(files, str) else files:
+            if "://" not in name:
+                found += sorted(Path(p) for p in glob.glob(str(Path(name).expanduser())) if Path(p).is_file())
+    return [str(p) for p in dict.fromkeys(found)]
+
+
+def _local_data_problems(dataset: dict) -> list[str]:
+    """The data file of a file builder: there, not empty, with the prompt and answer columns (json lines, csv)."""
+    files = dataset.get("data_files")
+    if not files:
+        return [f'dataset.data_files: the "{dataset["path"]}" builder reads local files; name them in dataset.data_files']
+    problems = []
+    columns = [dataset.get("prompt_column", "prompt"), dataset.get("answer_column", "solution")]
+    for name in [files] if isinstance(files, str) else files:
+        path = Path(name).expanduser()
+        if any(c in name for c in "*?[") or "://" in name:
+            continue  # a pattern or remote URL: load_dataset resolves it
+        if not path.is_file():
+            problems.append(f"dataset.data_files: {name} does not exist; fix the path (relative to the folder snakemake "
+                            f"runs in)")
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = next((line for line in f if line.strip()), None)
+        if first is None:
+            problems.append(f"dataset.data_files: {name} is empty; it needs one problem per line (or row)")
+            continue
+        if dataset["path"] == "json" and first.lstrip().startswith("{"):
+            import json
+
+            try:
+                present = set(json.loads(first))
+            except ValueError:
+                continue  # a JSON array file or another layout: load_dataset will say
+        elif dataset["path"] == "csv":
+            import csv
+
+            with open(path, encoding="utf-8", errors="replace", newline="") as f:
+                rows = (row for row in csv.reader(f) if any(cell.strip() for cell in row))
+                present, data_row = set(next(rows, [])), next(rows, None)
+            if data_row is None:  # load_dataset would only fail after the model is loaded
+                problems.append(f"dataset.data_files: {name} has a header but no rows; it needs one problem per row")
+                continue
+        else:
+            continue
+        missing = [c for c in columns if c not in present]
+        if missing:
+            problems.append(f"dataset: {name} has no column {', '.join(map(repr, missing))} (columns: "
+                            f"{', '.join(sorted(present))}); set dataset.prompt_column / dataset.answer_column")
+    return problems
+
+
+def input_problems(config: dict) -> list[str]:
+    """What can be checked of the model and data before any job, on this machine: local paths and files."""
+    problems = []
+    model = config["model"]
+    if model not in (TINY, RANDOM) and _looks_like_a_path(model):
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            problems.append(f"model: {model} is not a folder; give a model folder (with config.json) or a hub id "
+                            f"such as unsloth/Qwen3-4B-Base")
+        elif not (path / "config.json").is_file():
+            problems.append(f"model: {model} has no config.json; give the folder that save_pretrained wrote")
+    dataset = config["dataset"]
+    if dataset["path"] in FILE_BUILDERS:
+        problems += _local_data_problems(dataset)
+    elif dataset["path"] != TINY and dataset["path"].startswith(("/", ".", "~")) and not Path(dataset["path"]).expanduser().exists():
+        problems.append(f"dataset.path: {dataset['path']} does not exist; give a data set folder or file, a hub id, or "
+                        f"a builder (json, csv, parquet) with dataset.data_files")
+    return problems
+

@@ -1,0 +1,125 @@
+"""What every rollout backend provides: a check that it can run here, a loader, and its GRPO settings.
+
+A backend changes only how completions are generated (and, for Unsloth, how the model is patched);
+every other GRPO setting comes from the config, identically for all backends.
+"""
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+TRL_PEFT, UNSLOTH = "TRL + PEFT", "Unsloth"
+# Per trainer stack, the backend whose rollout is the stack's plainest: a candidate is also judged against it,
+# so that a difference of stacks is not read as a difference of rollouts
+STACK_REFERENCES = {TRL_PEFT: "hf", UNSLOTH: "unsloth_fi_false"}
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run where this job runs; raised before any model is loaded."""
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    model: str  # hub id or local path
+    dtype: str  # torch dtype name
+    lora: dict  # r, lora_alpha, lora_dropout, target_modules
+    max_seq_length: int
+    device: str  # "cuda" or "cpu"
+    seed: int
+    gradient_checkpointing: bool
+    options: dict = field(default_factory=dict)  # this backend's entry of backend_options
+
+
+@dataclass
+class Loaded:
+    model: Any
+    tokenizer: Any
+    peft_config: Any = None  # given to GRPOTrainer when the loader did not wrap the model itself
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    summary: str
+    # (importable module, pip requirement) pairs that must be present where the job runs
+    packages: tuple[tuple[str, str], ...] = (("transformers", "transformers"), ("peft", "peft"), ("trl", "trl"))
+    needs_cuda: bool = False
+    options: dict[str, str] = field(default_factory=dict)  # option name -> help
+    # The trainer the backend trains through: a difference between stacks is not a rollout difference, so
+    # each candidate is also judged against the reference of its own stack (STACK_REFERENCES)
+    stack: str = TRL_PEFT
+    # Whether a run can train on several processes at once (gpus_per_train_job > 1: grpo_equivalence.training.parallel);
+    # a backend says so once a run of it has trained that way
+    data_parallel: bool = False
+
+    def check_runnable(self, device: str | None) -> None:
+        """Raises BackendUnavailable naming what is missing and how to fix it (device None: packages only)."""
+        missing = [req for module, req in self.packages if importlib.util.find_spec(module) is None]
+        problems = []
+        if missing:
+            problems.append(f"missing package(s) {', '.join(missing)} (install with: pip install {' '.join(missing)}, "
+                            f"or pip install -e .[gpu] for the whole GPU stack)")
+        if self.needs_cuda and device not in ("cuda", None):
+            problems.append("it needs a CUDA GPU and this job has none (run it on a GPU node with gpus_per_train_job >= 1)")
+        if problems:
+            raise BackendUnavailable(
+                f"backend {self.name!r} cannot run here: {'; '.join(problems)}. "
+                f"Or drop {self.name!r} from `backends` in the config."
+            )
+
+    def gpu_memory_share(self, options: dict) -> float:
+        """The fraction of a GPU's memory the backend reserves up front (vLLM's gpu_memory_utilization), beside what
+        its runs measure: what a job sharing a GPU must find free (grpo_equivalence.study.gpushare)."""
+        return 0.0
+
+    def before_trl_import(self) -> None:
+        """Runs before trl is imported (Unsloth must patch trl and transformers first)."""
+
+    def load(self, spec: LoadSpec) -> Loaded:
+        return load_with_transformers(spec)
+
+    def grpo_overrides(self, options: dict) -> dict:
+        """GRPOConfig settings that select this backend's rollout path (nothing else)."""
+        return {}
+
+    def prepare_trainer(self, trainer, spec: LoadSpec) -> list[str]:
+        """Runs once the GRPOTrainer exists, before training: for rollout settings GRPOConfig cannot express.
+        Returns the settings it changed, as the report names them ("generation.<key>"): rollout settings."""
+        return []
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def lora_config(lora: dict):
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="CAUSAL_LM", bias="none", **lora)
+
+
+def load_with_transformers(spec: LoadSpec) -> Loaded:
+    """Vanilla transformers + PEFT: the model as users load it; TRL applies the LoRA adapter."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch_dtype(spec.dtype))
+    tokenizer = AutoTokenizer.from_pretrained(spec.model)
+    return Loaded(model=model, tokenizer=tokenizer, peft_config=lora_config(spec.lora))
+
+
+class WithFault:
+    """A backend with one fault injected once its trainer exists (grpo_equivalence.training.faults); otherwise the same."""
+
+    def __init__(self, backend: Backend, fault: str):
+        self._backend, self.fault = backend, fault
+        self.name = f"{backend.name}+{fault}"
+
+    def __getattr__(self, attribute):
+        return getattr(self._backend, attribute)
+
+    def prepare_trainer(self, trainer, spec: LoadSpec) -> list[str]:
+        from .. import faults
+
+        return self._backend.prepare_trainer(trainer, spec) + faults.inject(trainer, self.fault)

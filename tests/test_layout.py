@@ -1,0 +1,58 @@
+"""The package's layout as its docstring states it: parts that import only the parts before them, no import
+cycle (imports inside functions included), and no module, rule file or template past about 300 lines."""
+
+from pathlib import Path
+
+from conftest import ROOT
+from grpo_equivalence.runtime import codedeps
+
+# The parts in the order they may import each other (grpo_equivalence/__init__.py says what each holds)
+ORDER = ("runtime", "analysis", "training", "study", "checks", "report", "cli")
+LIMIT = 300  # lines of a module, a rule file or a template
+
+
+def graph() -> dict[str, set[str]]:
+    """Each module of the package and the package modules it imports, at top level or inside functions."""
+    found = {}
+    for path in sorted(codedeps.PACKAGE.rglob("*.py")):
+        module = codedeps._module_of(path)
+        found[module] = {codedeps._module_of(codedeps._file_of(name)) for name in codedeps._imports(path)} - {module}
+    return found
+
+
+def part(module: str) -> str | None:
+    names = module.split(".")
+    return names[1] if len(names) > 1 else None
+
+
+def test_every_module_is_in_a_part_and_imports_no_later_part():
+    modules = graph()
+    assert {part(m) for m in modules} - {None} == set(ORDER)
+    climbing = [(m, d) for m, deps in modules.items() for d in deps
+                if part(d) in ORDER and ORDER.index(part(d)) > ORDER.index(part(m))]
+    assert not climbing, climbing
+
+
+def test_no_import_cycle():
+    modules, state, cycles = graph(), {}, []
+
+    def visit(module, path):
+        state[module] = "open"
+        for dep in sorted(modules[module]):
+            if state.get(dep) == "open":
+                cycles.append(path[path.index(dep):] + [dep] if dep in path else [module, dep])
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[module] = "done"
+
+    for module in modules:
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, cycles
+
+
+def test_no_file_past_the_limit():
+    files = [*codedeps.PACKAGE.rglob("*.py"), *(ROOT / "workflow").rglob("*.smk"), *(ROOT / "workflow").rglob("*.py"),
+             ROOT / "Snakefile", *(ROOT / "report_templates").rglob("*.j2")]
+    long = {str(Path(f).relative_to(ROOT)): n for f in files if (n := len(Path(f).read_text().splitlines())) > LIMIT}
+    assert not long, long

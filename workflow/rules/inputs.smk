@@ -1,0 +1,138 @@
+# What each job reads and depends on: its input files, its settings (a change reruns it), its code, its log.
+
+
+def log_for(name):
+    return paths.LOG.format(name=name)
+
+
+def adapter_output():
+    """A train job's adapter folder, where the study keeps them (save_adapters)."""
+    return [directory(paths.ADAPTER)] if config["save_adapters"] else []
+
+
+def train_log(wildcards):
+    return log_for(paths.TRAIN_LOG.format(**wildcards))
+
+
+def forced_train_outputs():
+    """The statistics files of the train jobs the user told Snakemake to rerun: --forceall, --forcerun with the
+    rule or the file, -f/--force with the file as a target. Not the jobs Snakemake reruns as incomplete
+    (--rerun-incomplete forces those too, and they are what the run cache is for)."""
+    s = workflow.dag_settings
+    named = {os.path.normpath(str(t)) for t in [*s.forcerun, *(s.targets if s.forcetargets else ())]}
+    forced = []
+    for job in workflow.dag.needrun_jobs():
+        if job.rule.name == "train" and (s.forceall or "train" in named or
+                                         any(os.path.normpath(str(f)) in named for f in job.output)):
+            forced += [str(f) for f in job.output]
+    return sorted(forced)
+
+
+def model_path():
+    """The from_pretrained argument of train jobs: the primed tiny model, the random one, or the config's id or path."""
+    return {TINY: paths.PRIMED_MODEL, RANDOM: paths.RANDOM_MODEL}.get(config["model"], config["model"])
+
+
+def random_architecture():
+    """The config.json that model: random is built from, as a dict (None for other studies)."""
+    if config["model"] != RANDOM:
+        return None
+    from grpo_equivalence.training.random_model import load_architecture
+
+    return load_architecture(architecture_path(config["random_model"]["architecture"]))
+
+
+def dataset_spec():
+    """The config's dataset section with the tiny study's file in place of "tiny"."""
+    spec = dict(config["dataset"])
+    if spec["path"] == TINY:
+        spec.update(path="json", data_files=paths.TINY_DATA, name=None)
+    return spec
+
+
+def get_rollout_inputs(wildcards):
+    return {**model_inputs(), **measured_first(wildcards.backend, max(STEPS))}
+
+
+def get_train_inputs(wildcards):
+    if wildcards.replicate:
+        return {**model_inputs(), **measured_first(wildcards.backend, wildcards.steps)}
+    return {**model_inputs(), **speed_run_last(wildcards.backend, int(wildcards.steps))}
+
+
+def model_inputs():
+    """What a job that loads the study's model and data reads."""
+    inputs = {}
+    if config["model"] in (TINY, RANDOM):
+        inputs["model"] = model_path()
+    if config["dataset"]["path"] == TINY:
+        inputs["data"] = paths.TINY_DATA
+    # The user's own model folder and data files: a changed file reruns the job (and keys the run cache)
+    inputs["local"] = LOCAL_INPUTS
+    return inputs
+
+
+def train_code(wildcards):
+    """The training code of this backend: the train script with what it imports, and the backend's own file
+    (imported by name at run time, so named here)."""
+    modules, files = backends.code_of(wildcards.backend)
+    return script_code("train", *modules, files=[*files, *STUDY_CODE])
+
+
+def rollout_code(wildcards):
+    """The rollout check's code of this backend, as train_code."""
+    modules, files = backends.code_of(wildcards.backend)
+    return script_code("rollout_check", *modules, files=[*files, *STUDY_CODE])
+
+
+def seed_of(wildcards):
+    """The seed of a train job: the study's, or the one its replicate's file name carries."""
+    return int(wildcards.replicate.removeprefix("_seed")) if wildcards.replicate else SEED
+
+
+def get_train_settings(wildcards):
+    """Everything of the config that a train job's numbers depend on: a change reruns the job."""
+    keys = ("model", "dataset", "system_prompt", "rewards", "chat_template", "dtype", "max_seq_length", "lora", "grpo",
+            "gpus_per_train_job", "recorder")
+    settings = {key: config.get(key) for key in keys}
+    settings["grpo"] = {**config["grpo"], "seed": seed_of(wildcards)}
+    # Only this backend's options: another backend's do not rerun this job.
+    base = fault_split(wildcards.backend)[0]  # BACKEND+FAULT runs with its backend's options
+    settings["backend_options"] = {base: config.get("backend_options", {}).get(base, {})}
+    return settings
+
+
+def get_rollout_settings(wildcards):
+    """What a rollout check depends on: the training settings at its seed, and the check's own."""
+    return {**get_train_settings(wildcards), "rollout_check": config["rollout_check"]}
+
+
+def rollout_checks():
+    """The rollout-check files of every backend at the study's seed, and the reference's at the next seed."""
+    return [paths.ROLLOUT.format(backend=b, replicate="") for b in BACKENDS] + [
+        paths.ROLLOUT.format(backend=REFERENCE, replicate=f"_seed{SEED + 1}")]
+
+
+def runs_of(backend, steps):
+    """The statistics files of one backend and step count: the study's seed, then its replicates."""
+    count = config["replicates"]["reference" if backend == REFERENCE else "others"]
+    return [paths.STATS.format(backend=backend, steps=steps)] + [
+        paths.REPLICATE_STATS.format(backend=backend, steps=steps, seed=SEED + i) for i in range(1, count)
+    ]
+
+
+def get_compare_inputs(wildcards):
+    return {"reference": runs_of(wildcards.reference, wildcards.steps),
+            "candidate": runs_of(wildcards.candidate, wildcards.steps)}
+
+
+def all_stats():
+    return [path for backend in BACKENDS for steps in STEPS for path in runs_of(backend, steps)]
+
+
+def all_summaries():
+    return expand(paths.SUMMARY, backend=BACKENDS, steps=STEPS)
+
+
+def all_comparisons():
+    return expand(paths.COMPARISON, candidate=CANDIDATES, reference=REFERENCE, steps=STEPS)
