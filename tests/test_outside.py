@@ -183,7 +183,7 @@ def test_the_chat_template_is_the_models_own_unless_the_study_names_one(tmp_path
 
     from grpo_equivalence.training import tiny
     from grpo_equivalence.training.answer_format import CHAT_TEMPLATE
-    from grpo_equivalence.training.train import use_chat_template
+    from grpo_equivalence.training.session import use_chat_template
 
     tiny.save_model(tmp_path / "m", hidden_size=16, num_layers=1, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "m")

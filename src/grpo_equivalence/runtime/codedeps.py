@@ -9,6 +9,7 @@ whatever its timestamps.
 """
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -35,6 +36,14 @@ def _module_of(path: Path) -> str:
 
 def _imports(path: Path) -> set[str]:
     """Package modules that `path` imports, at top level or inside functions."""
+    info = path.stat()
+    return set(_parsed_imports(path, info.st_mtime_ns, info.st_size))
+
+
+# Planning hashes the code of every job, many of them the same modules: each file is parsed once per content
+# (its modification time and size stand for it) in a Snakemake process, not once per job (seconds a plan).
+@functools.lru_cache(maxsize=None)
+def _parsed_imports(path: Path, mtime_ns: int, size: int) -> frozenset[str]:
     module = _module_of(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
@@ -49,7 +58,7 @@ def _imports(path: Path) -> set[str]:
                 base = node.module or ""
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)  # `from . import x` may name a module
-    return {name for name in found if _file_of(name) is not None}
+    return frozenset(name for name in found if _file_of(name) is not None)
 
 
 def script_imports(script: Path) -> list[str]:
