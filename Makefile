@@ -1,16 +1,18 @@
 # make demo: the whole workflow on the built-in tiny study (CPU, no network), ending with
 #            results/grpo_equivalence.md
-# make test: the test suite (what CI runs)
+# make test: the test suite (what CI runs), TEST_JOBS modules at a time
+# make test-fast: the tests that run no whole workflow (the edit loop)
 # Each target creates .venv and installs what it needs on first use.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
+TEST_JOBS ?= 2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint clean
+.PHONY: demo test test-fast lint clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,8 +28,12 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/snakemake results/grpo_equivalence.md --cores $(CORES) --config study=studies/tiny.yaml
 	@echo "report: results/grpo_equivalence.md"
 
+# A module's tests stay on one worker (--dist loadfile): its whole-workflow fixture is built once.
 test: $(VENV)/.installed
-	$(VENV)/bin/pytest -ra
+	$(VENV)/bin/pytest -ra -n $(TEST_JOBS) --dist loadfile
+
+test-fast: $(VENV)/.installed
+	$(VENV)/bin/pytest -ra -n $(TEST_JOBS) --dist loadfile -m "not workflow"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/snakemake --lint --config study=studies/tiny.yaml

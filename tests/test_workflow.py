@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, copy_tiny
 from helpers import tables_headed
 
 pytestmark = pytest.mark.workflow
@@ -36,8 +36,9 @@ def snakemake(workdir: Path, *args: str, check=True) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def study(tmp_path_factory, tiny_results):
     workdir = tmp_path_factory.mktemp("study")
+    copy_tiny(tiny_results, workdir)  # primed once for the session, by this workflow's own rules
     snakemake(workdir)
     return workdir
 
