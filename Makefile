@@ -2,6 +2,7 @@
 #            results/grpo_equivalence.md
 # make test: the test suite (what CI runs), TEST_JOBS modules at a time
 # make test-fast: the tests that run no whole workflow (the edit loop)
+# make docs: docs/configuration.md from the study's schema (a test fails when it is out of date)
 # Each target creates .venv and installs what it needs on first use.
 
 VENV ?= .venv
@@ -12,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-fast lint clean
+.PHONY: demo test test-fast docs lint clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,12 +29,16 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/snakemake results/grpo_equivalence.md --cores $(CORES) --config study=studies/tiny.yaml
 	@echo "report: results/grpo_equivalence.md"
 
-# A module's tests stay on one worker (--dist loadfile): its whole-workflow fixture is built once.
+# A module's tests stay on one worker (--dist loadfile): its whole-workflow fixture is built once; modules
+# start in tests/conftest.py's order, the longest first (--no-loadscope-reorder).
 test: $(VENV)/.installed
-	$(VENV)/bin/pytest -ra -n $(TEST_JOBS) --dist loadfile
+	$(VENV)/bin/pytest -ra -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(VENV)/.installed
-	$(VENV)/bin/pytest -ra -n $(TEST_JOBS) --dist loadfile -m "not workflow"
+	$(VENV)/bin/pytest -ra -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder -m "not workflow"
+
+docs: $(VENV)/.installed
+	$(PY) -m grpo_equivalence.study.reference docs/configuration.md
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/snakemake --lint --config study=studies/tiny.yaml

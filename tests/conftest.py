@@ -9,18 +9,26 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The CPU threads a test that trains or samples in its own process may use: the machine's cores shared among the
+# workers that run at once (threads beyond a core each would only wait on one another).
+THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# The modules that take longest (each runs a workflow of its own), started first: run in parallel (make test,
-# pytest -n 2 --dist loadfile), the workers then finish together rather than one waiting on the last long module.
-LONGEST_FIRST = ("test_workflow", "test_slurm", "test_reliability", "test_rollout", "test_packing", "test_reruns",
-                 "test_outside", "test_native", "test_train")
+# The order modules start in when two run at a time (make test: pytest -n 2 --dist loadfile --no-loadscope-reorder,
+# the first two modules to each worker, then the next module to whichever finishes): the longest first, so that the
+# workers finish together; while the first builds the primed tiny model and the tiny study's run that most whole-
+# workflow tests share, the second runs modules that need neither.
+LONGEST_FIRST = ("test_workflow", "test_docs", "test_reruns", "test_bad_inputs", "test_slurm", "test_reliability",
+                 "test_rollout", "test_packing", "test_train", "test_native", "test_outside", "test_random_model",
+                 "test_gpus")
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
+
+    torch.set_num_threads(THREADS)
 
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's tests keep their order
@@ -46,24 +54,73 @@ def tiny_config(tiny_study) -> dict:
 def tiny_results(tmp_path_factory, worker_id):
     """results/tiny of the tiny study (model, data and the primed model), built once by the workflow itself: a
     whole-workflow test that is about something else copies it in (tiny_into) instead of priming again. cp -a keeps
-    the files' times, so Snakemake finds them up to date. Tests run in parallel share it: the first worker to need
-    it builds it under the run's common folder while the others wait on its lock."""
+    the files' times, so Snakemake finds them up to date."""
     import subprocess
     import sys
 
+    def build(folder):
+        result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                                 str(folder), "results/tiny/primed", "--cores", "2", "--config",
+                                 f"study={ROOT / 'studies' / 'tiny.yaml'}"], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return shared_once(tmp_path_factory, worker_id, "tiny-results", build) / "results" / "tiny"
+
+
+def shared_once(tmp_path_factory, worker_id, name: str, build) -> Path:
+    """A folder built once for the whole test run, however many workers run it: the first worker to need it calls
+    build(folder) while the others wait on its lock, then each finds it built."""
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
-    workdir = root / "tiny-results"
-    with FileLock(str(root / "tiny-results.lock")):
-        if not (workdir / "built").exists():
-            workdir.mkdir(exist_ok=True)
-            result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
-                                     str(workdir), "results/tiny/primed", "--cores", "2", "--config",
-                                     f"study={ROOT / 'studies' / 'tiny.yaml'}"], capture_output=True, text=True)
-            assert result.returncode == 0, result.stderr[-3000:]
-            (workdir / "built").touch()
-    return workdir / "results" / "tiny"
+    folder = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (folder / ".built").exists():
+            folder.mkdir(exist_ok=True)
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
+# The tiny study as the whole-workflow tests run it: two short step counts, three seeds of each backend (the first
+# planned look), every backend's rollout check at the tiny study's own size.
+TINY_RUN = {"steps": [4, 6], "replicates": {"reference": 3, "others": 3}}
+
+
+def tiny_run_config() -> dict:
+    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config.update(copy.deepcopy(TINY_RUN))
+    return config
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, worker_id, tiny_results):
+    """The tiny study (TINY_RUN) run once by the workflow, for every test that reads a whole study: each copies it
+    (copy_run) and works on its copy."""
+    import subprocess
+    import sys
+
+    def build(folder):
+        copy_tiny(tiny_results, folder)  # primed once for the session, by this workflow's own rules
+        (folder / "study.yaml").write_text(yaml.safe_dump(tiny_run_config()))
+        result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                                 str(folder), "results/grpo_equivalence.md", "--cores", "2", "--config",
+                                 f"study={folder / 'study.yaml'}"], capture_output=True, text=True)
+        assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+
+    return shared_once(tmp_path_factory, worker_id, "tiny-run", build)
+
+
+def copy_run(run: Path, workdir: Path) -> None:
+    """A study run's outputs, its study file and Snakemake's records of them into `workdir` (cp -a keeps the files'
+    times): Snakemake there finds everything up to date."""
+    import subprocess
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    for kept in ("results", ".snakemake", "study.yaml"):
+        subprocess.run(["cp", "-a", str(run / kept), str(workdir / kept)], check=True)
+    for lock in (workdir / ".snakemake" / "locks").glob("*"):
+        lock.unlink()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """After a change, exactly what it made stale reruns: asserted from Snakemake's own plan (a dry run).
 
-The tiny study runs once in a copy of the project; each test edits the copy, asks Snakemake what it
-would run, and puts the copy back.
+A copy of the project gets the session's run of the tiny study (conftest.tiny_run, made by the project itself);
+each test edits the copy, asks Snakemake what it would run, and puts the copy back.
 """
 
 import re
@@ -11,14 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT, copy_tiny
-from helpers import SMALL_ROLLOUT_CHECK
+from conftest import ROOT, TINY_RUN, copy_run
 
 pytestmark = pytest.mark.workflow
 PROJECT_FILES = ("Snakefile", "config.yaml", "pyproject.toml", "src", "workflow", "report_templates", "studies", "envs")
-STEPS = (4, 5)
+STEPS = tuple(TINY_RUN["steps"])
+BACKENDS = ("hf", "cb_paged", "hf_static")  # the tiny study's, hf the reference
+SEEDS = {"hf": TINY_RUN["replicates"]["reference"], "cb_paged": TINY_RUN["replicates"]["others"],
+         "hf_static": TINY_RUN["replicates"]["others"]}
+CANDIDATES = len(BACKENDS) - 1  # each compared with hf
 
 
 def snakemake(project: Path, *args: str) -> subprocess.CompletedProcess:
@@ -47,21 +49,21 @@ def rules(jobs) -> dict[str, int]:
     return counts
 
 
+def train_outputs(backend: str, steps: int) -> set[str]:
+    """The statistics files of one backend and step count: the study's seed, then its replicates."""
+    return {f"results/stats/grpo_{backend}_{steps}" + (f"_seed{3407 + i}" if i else "") + ".json"
+            for i in range(SEEDS[backend])}
+
+
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, tiny_results):
+def project(tmp_path_factory, tiny_run):
     project = tmp_path_factory.mktemp("project")
     for name in PROJECT_FILES:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, project / name)
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config.update(backends=["hf", "cb_paged"], steps=list(STEPS), replicates={"reference": 2, "others": 1},  # hf: 2 seeds
-                  rollout_check=SMALL_ROLLOUT_CHECK)
-    (project / "study.yaml").write_text(yaml.safe_dump(config))
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], cwd=project, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "study"], cwd=project, check=True)
-    copy_tiny(tiny_results, project)  # primed once, as outputs (not in the repository)
-    result = snakemake(project)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    copy_run(tiny_run, project)  # the study's outputs and study file, as its run left them (not in the repository)
     return project
 
 
@@ -91,30 +93,30 @@ def test_template_changed_only_the_report(project, edit):
 
 def test_comparison_code_changed_comparisons_and_report_no_training(project, edit):
     edit("src/grpo_equivalence/analysis/compare.py", lambda t: t + "\n# a comment changes the content\n")
-    assert rules(plan(project)) == {"compare": len(STEPS), "render_report": 1}
+    assert rules(plan(project)) == {"compare": CANDIDATES * len(STEPS), "render_report": 1}
 
 
 def test_one_backends_loader_changed_only_its_jobs(project, edit):
     edit("src/grpo_equivalence/training/backends/cb_paged.py", lambda t: t + "\n# changed\n")
     jobs = plan(project)
-    assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_cb_paged_{s}.json" for s in STEPS}
+    assert {out for rule, out in jobs if rule == "train"} == set().union(*(train_outputs("cb_paged", s) for s in STEPS))
     assert {out for rule, out in jobs if rule == "rollout_check"} == {"results/rollout/cb_paged.json"}
-    assert rules(jobs) == {"train": 2, "rollout_check": 1, "summarise": 2, "compare": 2, "plot_curves": 2,
-                           "plot_speed": 1, "render_report": 1}
+    assert rules(jobs) == {"train": SEEDS["cb_paged"] * len(STEPS), "rollout_check": 1, "summarise": len(STEPS),
+                           "compare": len(STEPS), "plot_curves": len(STEPS), "plot_speed": 1, "render_report": 1}
 
 
 def test_one_backends_settings_changed_only_its_jobs(project, edit):
     edit("study.yaml", lambda t: t.replace("num_blocks: 32", "num_blocks: 33"))
     jobs = plan(project)
-    assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_cb_paged_{s}.json" for s in STEPS}
+    assert {out for rule, out in jobs if rule == "train"} == set().union(*(train_outputs("cb_paged", s) for s in STEPS))
 
 
 def test_a_new_step_count_runs_only_the_new_jobs(project, edit):
-    edit("study.yaml", lambda t: t.replace("- 5\n", "- 5\n- 7\n"))
+    edit("study.yaml", lambda t: t.replace(f"- {STEPS[-1]}\n", f"- {STEPS[-1]}\n- 7\n"))
     jobs = plan(project)
-    assert {out for rule, out in jobs if rule == "train"} == {
-        "results/stats/grpo_hf_7.json", "results/stats/grpo_hf_7_seed3408.json", "results/stats/grpo_cb_paged_7.json"}
-    assert rules(jobs) == {"train": 3, "summarise": 2, "compare": 1, "plot_curves": 1, "plot_speed": 1, "render_report": 1}
+    assert {out for rule, out in jobs if rule == "train"} == set().union(*(train_outputs(b, 7) for b in BACKENDS))
+    assert rules(jobs) == {"train": sum(SEEDS.values()), "summarise": len(BACKENDS), "compare": CANDIDATES,
+                           "plot_curves": 1, "plot_speed": 1, "render_report": 1}
 
 
 @pytest.mark.parametrize("shared", ["src/grpo_equivalence/training/rewards.py", "src/grpo_equivalence/training/train.py",
@@ -122,13 +124,12 @@ def test_a_new_step_count_runs_only_the_new_jobs(project, edit):
 def test_rewards_or_shared_training_code_changed_all_train_jobs(project, edit, shared):
     edit(shared, lambda t: t + "\n# changed\n")
     trains = {out for rule, out in plan(project) if rule == "train"}
-    assert trains == {f"results/stats/grpo_{b}_{s}.json" for b in ("hf", "cb_paged") for s in STEPS} | {
-        f"results/stats/grpo_hf_{s}_seed3408.json" for s in STEPS}
+    assert trains == set().union(*(train_outputs(b, s) for b in BACKENDS for s in STEPS))
 
 
 def test_a_rules_script_changed_only_its_jobs(project, edit):
     edit("workflow/scripts/summarise.py", lambda t: t + "\n# changed\n")
-    assert rules(plan(project)) == {"summarise": 2 * len(STEPS), "plot_speed": 1, "render_report": 1}
+    assert rules(plan(project)) == {"summarise": len(BACKENDS) * len(STEPS), "plot_speed": 1, "render_report": 1}
 
 
 def test_touching_files_without_changing_them_reruns_nothing(project):
@@ -148,11 +149,14 @@ def test_a_fresh_clone_of_an_unchanged_tree_reruns_nothing(project, tmp_path):
 
 def test_verdict_settings_changed_only_the_comparisons(project, edit):
     edit("study.yaml", lambda t: t.replace("margin: 1.0", "margin: 2.0"))
-    assert rules(plan(project)) == {"compare": len(STEPS), "render_report": 1}
+    assert rules(plan(project)) == {"compare": CANDIDATES * len(STEPS), "render_report": 1}
 
 
 def test_another_reference_seed_trains_only_that_seed(project, edit):
-    edit("study.yaml", lambda t: t.replace("reference: 2", "reference: 3"))
+    seeds = SEEDS["hf"]
+    edit("study.yaml", lambda t: t.replace(f"reference: {seeds}", f"reference: {seeds + 1}"))
     jobs = plan(project)
-    assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_hf_{s}_seed3409.json" for s in STEPS}
-    assert rules(jobs) == {"train": 2, "compare": 2, "plot_curves": 2, "render_report": 1}
+    assert {out for rule, out in jobs if rule == "train"} == {f"results/stats/grpo_hf_{s}_seed{3407 + seeds}.json"
+                                                              for s in STEPS}
+    assert rules(jobs) == {"train": len(STEPS), "compare": CANDIDATES * len(STEPS), "plot_curves": len(STEPS),
+                           "render_report": 1}

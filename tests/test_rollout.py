@@ -122,11 +122,8 @@ def checks(primed, tiny_study, tmp_path_factory):
     """The tiny study's rollout check (its own settings) of hf at two seeds and of hf with each sampling fault."""
     import copy
 
-    import torch
-
     from grpo_equivalence.study.config import rollout_check_settings
 
-    torch.set_num_threads(2)
     config = copy.deepcopy(tiny_study)
     config["rollout_check"] = rollout_check_settings(tiny_study["rollout_check"])
     out = tmp_path_factory.mktemp("rollout")

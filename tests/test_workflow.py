@@ -2,7 +2,6 @@
 statistics files it was made from, and Snakemake's own plan for a rerun."""
 
 import json
-import math
 import re
 import statistics
 import subprocess
@@ -12,21 +11,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, copy_tiny
+from conftest import ROOT, TINY_RUN, copy_run, tiny_run_config
 from helpers import tables_headed
 
 pytestmark = pytest.mark.workflow
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
-STEPS = (4, 6)
-REPLICATES = {"reference": 3, "others": 3}  # seeds 3407..3409 of each backend: the first planned look
+STEPS = tuple(TINY_RUN["steps"])
+REPLICATES = TINY_RUN["replicates"]  # seeds 3407..3409 of each backend: the first planned look
 CANDIDATES = ("cb_paged", "hf_static")  # the tiny study's backends besides the reference, hf
 
 
 def snakemake(workdir: Path, *args: str, check=True) -> subprocess.CompletedProcess:
-    """The tiny study with two short step counts, in `workdir` (its config is written there)."""
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
-    config.update(steps=list(STEPS), replicates=REPLICATES)
-    (workdir / "study.yaml").write_text(yaml.safe_dump(config))
+    """The tiny study with two short step counts (TINY_RUN), in `workdir` (its config is written there)."""
+    (workdir / "study.yaml").write_text(yaml.safe_dump(tiny_run_config()))
     cmd = [*SNAKEMAKE, "--directory", str(workdir), "results/grpo_equivalence.md", "--cores", "2",
            "--config", f"study={workdir / 'study.yaml'}", *args]
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -36,10 +33,10 @@ def snakemake(workdir: Path, *args: str, check=True) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory, tiny_results):
+def study(tmp_path_factory, tiny_run):
+    """The session's run of the tiny study (conftest.tiny_run), in a folder of this module's own."""
     workdir = tmp_path_factory.mktemp("study")
-    copy_tiny(tiny_results, workdir)  # primed once for the session, by this workflow's own rules
-    snakemake(workdir)
+    copy_run(tiny_run, workdir)
     return workdir
 
 
