@@ -28,15 +28,15 @@ def length_penalty(completions, **kwargs):
 '''
 
 def readme_plugin() -> tuple[str, str]:
-    """The README's example of a backend from outside: its module, and its entry point line."""
-    section = (ROOT / "README.md").read_text().split("### Backends from outside", 1)[1]
+    """The documented example of a backend from outside (docs/backends.md): its module, and its entry point line."""
+    section = (ROOT / "docs" / "backends.md").read_text().split("## Backends from outside", 1)[1]
     module = section.split("```python\n", 1)[1].split("```", 1)[0]
     toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
     return module, toml.strip().splitlines()[-1]
 
 
 def install_plugin(site: Path) -> None:
-    """A distribution on `site` that adds the README's backend (greedy_hf) through the entry point group."""
+    """A distribution on `site` that adds the documented backend (greedy_hf) through the entry point group."""
     module, entry = readme_plugin()
     (site / "my_backend").mkdir(parents=True)
     (site / "my_backend" / "__init__.py").write_text(module)
@@ -105,7 +105,7 @@ def test_a_module_import_plans_and_runs_the_tiny_study(ran):
 
 
 def test_an_entry_point_backend_trains(ran):
-    """The README's example: hf with greedy decoding, from an installed package."""
+    """The documented example (docs/backends.md): hf with greedy decoding, from an installed package."""
     run = run_of(ran, "greedy_hf")
     assert run["backend"] == "greedy_hf" and len(run["steps"]) == 4
     assert run["effective_config"]["generation"]["do_sample"] is False

@@ -1,0 +1,114 @@
+"""The README and the guide behind it: short, linked, generated where they can be, and every command in them runs
+as printed (Snakemake's with -n, on a copy of the project)."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from grpo_equivalence.study import reference
+
+README = ROOT / "README.md"
+PAGES = sorted((ROOT / "docs").glob("*.md"))  # the guide; docs/examples and docs/performance hold measurements
+MAX_README_LINES = 200
+# What a copy of the project needs for Snakemake to plan (the guide's commands name these folders)
+PROJECT_FILES = ("Snakefile", "config.yaml", "pyproject.toml", "src", "workflow", "report_templates", "studies", "envs",
+                 "profiles")
+
+
+def links(path: Path) -> list[str]:
+    """The relative targets of a Markdown file's links, without anchors."""
+    found = re.findall(r"\]\(([^)\s]+)\)", path.read_text())
+    return [t.split("#")[0] for t in found if not re.match(r"[a-z]+:", t) and t.split("#")[0]]
+
+
+def commands(path: Path) -> list[str]:
+    """The commands of a Markdown file's bash blocks, comments and blank lines left out."""
+    found = []
+    for block in re.findall(r"^```bash\n(.*?)^```", path.read_text(), re.M | re.S):
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith("#"):
+                found.append(line)
+    return found
+
+
+def test_the_readme_is_short_and_links_every_page_of_the_guide():
+    assert len(README.read_text().splitlines()) <= MAX_README_LINES
+    linked = {(README.parent / target).resolve() for target in links(README)}
+    assert set(PAGES) - linked == set(), "docs pages the README does not link"
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
+def test_every_link_leads_to_a_file_of_the_project(page):
+    missing = [target for target in links(page) if not (page.parent / target).exists()]
+    assert not missing, missing
+
+
+def test_the_configuration_reference_is_what_the_schema_gives():
+    committed = (ROOT / "docs" / "configuration.md").read_text()
+    assert committed == reference.render(), "docs/configuration.md is out of date with the schema: run make docs"
+
+
+def test_the_readmes_study_is_the_example_study_and_it_is_valid(tmp_path):
+    import yaml
+
+    from grpo_equivalence.study.validate import check
+
+    shown = re.search(r"^```yaml\n(.*?)^```", README.read_text(), re.M | re.S).group(1)
+    example = ROOT / "studies" / "example"
+    assert shown == (example / "study.yaml").read_text()
+    readme = README.read_text()
+    first_problem = next(line for line in (example / "problems.jsonl").read_text().splitlines() if "15 percent" in line)
+    assert first_problem in readme
+    assert re.search(r"^def correct_answer\(completions, answer, \*\*kwargs\):$", (example / "rewards.py").read_text(), re.M)
+    check(yaml.safe_load(shown), [example, ROOT])  # the rewards, the template and the data file it names are there
+
+
+def test_the_readmes_verdicts_are_those_of_the_example_it_names():
+    readme = README.read_text()
+    rows = re.findall(r"^\| (?:cb_paged|hf|hf_static|trl_vllm|unsloth_fi_false) \|.*\|$", readme, re.M)
+    example = (ROOT / "docs" / "examples" / "h200-packed-study-decides" / "grpo_equivalence.md").read_text()
+    assert len(rows) == 5 and all(row in example for row in rows)
+
+
+def run_as_printed(command: str, project: Path) -> subprocess.CompletedProcess:
+    """A command of the guide, on a copy of the project: Snakemake's as a dry run, make's as make -n, installs by
+    what they name (the GPU stack cannot install on a CPU machine), the command-line tools as they are."""
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    program = command.split()[0]
+    if program == "snakemake":
+        command += " -n"
+    elif program == "make":
+        command = command.replace("make ", "make -n ", 1)
+    elif program == "pip":
+        extras = set(re.search(r'"\.\[([\w,]+)\]"', command).group(1).split(","))
+        declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+        constraints = re.findall(r"-c (\S+)", command)
+        assert extras <= set(declared) and all((ROOT / c).is_file() for c in constraints), command
+        return subprocess.CompletedProcess(command, 0, "", "")
+    else:
+        assert program.startswith("grpo-"), f"a command the guide's test does not know how to run: {command}"
+    return subprocess.run(command, shell=True, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    project = tmp_path_factory.mktemp("project")
+    for name in PROJECT_FILES:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, project / name)
+    shutil.copy2(ROOT / "Makefile", project / "Makefile")
+    (project / "docs").symlink_to(ROOT / "docs")  # the command-line tools read the examples' runs
+    return project
+
+
+@pytest.mark.parametrize("command", sorted({c for page in [README, *PAGES] for c in commands(page)}))
+def test_every_command_runs_as_printed(command, project):
+    done = run_as_printed(command, project)
+    assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
