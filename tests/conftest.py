@@ -51,7 +51,7 @@ def tiny_config(tiny_study) -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_results(tmp_path_factory, worker_id):
+def tiny_results(tmp_path_factory):
     """results/tiny of the tiny study (model, data and the primed model), built once by the workflow itself: a
     whole-workflow test that is about something else copies it in (tiny_into) instead of priming again. cp -a keeps
     the files' times, so Snakemake finds them up to date."""
@@ -64,15 +64,17 @@ def tiny_results(tmp_path_factory, worker_id):
                                  f"study={ROOT / 'studies' / 'tiny.yaml'}"], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-3000:]
 
-    return shared_once(tmp_path_factory, worker_id, "tiny-results", build) / "results" / "tiny"
+    return shared_once(tmp_path_factory, "tiny-results", build) / "results" / "tiny"
 
 
-def shared_once(tmp_path_factory, worker_id, name: str, build) -> Path:
+def shared_once(tmp_path_factory, name: str, build) -> Path:
     """A folder built once for the whole test run, however many workers run it: the first worker to need it calls
     build(folder) while the others wait on its lock, then each finds it built."""
     from filelock import FileLock
 
-    root = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    # Under pytest-xdist each worker's temporary folder is in the run's common one
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
     folder = root / name
     with FileLock(str(root / f"{name}.lock")):
         if not (folder / ".built").exists():
@@ -94,7 +96,7 @@ def tiny_run_config() -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory, worker_id, tiny_results):
+def tiny_run(tmp_path_factory, tiny_results):
     """The tiny study (TINY_RUN) run once by the workflow, for every test that reads a whole study: each copies it
     (copy_run) and works on its copy."""
     import subprocess
@@ -108,7 +110,7 @@ def tiny_run(tmp_path_factory, worker_id, tiny_results):
                                  f"study={folder / 'study.yaml'}"], capture_output=True, text=True)
         assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
 
-    return shared_once(tmp_path_factory, worker_id, "tiny-run", build)
+    return shared_once(tmp_path_factory, "tiny-run", build)
 
 
 def copy_run(run: Path, workdir: Path) -> None:
