@@ -22,6 +22,18 @@ wildcard_constraints:
     replicate=r"(_seed\d+)?",
 
 
+# On a cluster (profiles/slurm) the jobs that only read statistics files and write tables, figures and the report
+# run where Snakemake runs: as jobs of their own they would wait in the queue far longer than they run.
+localrules:
+    all,
+    prepare_data,
+    summarise,
+    compare,
+    plot_curves,
+    plot_speed,
+    render_report,
+
+
 include: "workflow/rules/tiny.smk"
 include: "workflow/rules/random.smk"
 include: "workflow/rules/train.smk"

@@ -78,6 +78,10 @@ def test_train_jobs_went_through_sbatch_with_the_configs_gpu_request(cluster_stu
         job = subprocess.run(["scontrol", "show", "job", log.stem], capture_output=True, text=True, check=True).stdout
         assert "Comment=rule_train_wildcards_" in job
         assert re.search(r"TresPerJob=gres:gpu:1\b", job), job
+    # the jobs that only read statistics ran beside Snakemake (localrules), never queued
+    submitted = {path.name for path in (workdir / ".snakemake" / "slurm_logs").iterdir()}
+    assert {"rule_train", "rule_rollout_check"} <= submitted and not submitted & {
+        "rule_summarise", "rule_compare", "rule_plot_curves", "rule_plot_speed", "rule_render_report"}, submitted
 
 
 def table_structure(report: str) -> list[tuple[str, int]]:
