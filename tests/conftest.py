@@ -9,6 +9,10 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The test workers share the machine's cores with each other's jobs: an OpenMP thread that spins while it waits for
+# work (the default policy) holds a core another process needs; the tiny study's two-thread priming then takes twice
+# its CPU time.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The CPU threads a test that trains or samples in its own process may use: the machine's cores shared among the
 # workers that run at once (threads beyond a core each would only wait on one another).
 THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))

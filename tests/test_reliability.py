@@ -58,11 +58,11 @@ def trained(log: str) -> bool:
     return any("] training" in line for line in log.splitlines() if not line.startswith("| "))
 
 
-def start(workdir: Path, env: dict, *args: str) -> subprocess.Popen:
+def start(workdir: Path, env: dict, *args: str, target="results/grpo_equivalence.md") -> subprocess.Popen:
     """Snakemake on the study of `workdir`, in the background, with SIGINT at its default (a process started
     in the background by a shell would ignore it)."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-           "results/grpo_equivalence.md", "--cores", "2", "--config", f"study={workdir / 'study.yaml'}", *args]
+           target, "--cores", "2", "--config", f"study={workdir / 'study.yaml'}", *args]
     return subprocess.Popen(cmd, env=env, stdout=open(workdir / "snakemake.out", "a"), stderr=subprocess.STDOUT,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
@@ -173,7 +173,7 @@ def test_train_jobs_stop_when_snakemake_is_killed_even_unreaped(tmp_path, tiny_i
     without reaping it, so it stays a zombie, whose /proc entry looks like a live process: gone all the same."""
     tiny_into(tmp_path)
     study(tmp_path, backends=["hf"], reference="hf", steps=[200], replicates={"reference": 1, "others": 1})
-    proc = start(tmp_path, dict(os.environ))
+    proc = start(tmp_path, dict(os.environ), target="results/stats/grpo_hf_200.json")  # the train job alone
     (log,) = wait_until_training(tmp_path, proc)
     jobs = train_processes(tmp_path)
     assert jobs, "the running train job was not found"
