@@ -21,8 +21,12 @@ $(VENV)/.installed: pyproject.toml
 	# The CPU build of torch first, from PyTorch's CPU index as envs/cpu.yaml takes it (a plain `torch`
 	# requirement would pull a multi-GB CUDA build); an offline machine takes the same file from its own
 	# wheel folder (find-links). TRL 1.16, whose GRPO trainer runs without Triton, i.e. on a CPU.
-	$(PY) -m pip install -q --retries 1 --timeout 10 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]" "trl==1.16.*" "transformers==5.17.0"
+	$(PY) -m pip install -q --no-compile --retries 1 --timeout 10 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+	$(PY) -m pip install -q --no-compile -e ".[test]" "trl==1.16.*" "transformers==5.17.0"
+	# Byte-compiled once, on every core (pip compiles file by file on one): every job imports torch, transformers
+	# and TRL anew, and where PYTHONDONTWRITEBYTECODE is set nothing compiled at import is kept. A file that does
+	# not compile (torch ships some in newer Python syntax) is left as pip leaves it.
+	$(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
 	touch $@
 
 demo: $(VENV)/.installed
