@@ -57,6 +57,11 @@ CONF
   ;;
 stop)
   for daemon in slurmd slurmctld munged; do pkill -x "$daemon" || true; done
+  # slurmctld saves its state before it exits: a start right after a stop must not find it still running
+  for _ in $(seq 50); do
+    pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || pgrep -x munged >/dev/null || exit 0
+    sleep 0.2
+  done
   ;;
 *)
   echo "usage: $0 start|stop" >&2
