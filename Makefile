@@ -12,6 +12,10 @@ TEST_JOBS ?= 2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# Python keeps what it compiles at import (.pyc), once: every job imports torch, transformers and TRL anew and would
+# compile them again, seconds a job, where the machine sets PYTHONDONTWRITEBYTECODE. pip installs with --no-compile:
+# it would compile every file on one core, most of them never imported.
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: demo test test-fast docs lint clean
 
@@ -23,10 +27,6 @@ $(VENV)/.installed: pyproject.toml
 	# wheel folder (find-links). TRL 1.16, whose GRPO trainer runs without Triton, i.e. on a CPU.
 	$(PY) -m pip install -q --no-compile --retries 1 --timeout 10 --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 	$(PY) -m pip install -q --no-compile -e ".[test]" "trl==1.16.*" "transformers==5.17.0"
-	# Byte-compiled once, on every core (pip compiles file by file on one): every job imports torch, transformers
-	# and TRL anew, and where PYTHONDONTWRITEBYTECODE is set nothing compiled at import is kept. A file that does
-	# not compile (torch ships some in newer Python syntax) is left as pip leaves it.
-	$(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
 	touch $@
 
 demo: $(VENV)/.installed
