@@ -20,10 +20,10 @@ THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKE
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# The order modules start in when two run at a time (make test: pytest -n 2 --dist loadfile --no-loadscope-reorder,
-# the first two modules to each worker, then the next module to whichever finishes): the longest first, so that the
+# The order modules start in when several run at a time (make test: pytest -n 3 --dist loadfile --no-loadscope-reorder,
+# the first modules one to each worker, then the next module to whichever finishes): the longest first, so that the
 # workers finish together; while the first builds the primed tiny model and the tiny study's run that most whole-
-# workflow tests share, the second runs modules that need neither.
+# workflow tests share, the others run modules that need neither.
 LONGEST_FIRST = ("test_workflow", "test_docs", "test_bad_inputs", "test_slurm", "test_rollout", "test_reliability",
                  "test_reruns", "test_packing", "test_train", "test_native", "test_outside", "test_random_model",
                  "test_gpus")
