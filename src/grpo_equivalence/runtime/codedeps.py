@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1]  # the grpo_equivalence package (t
 NAME = PACKAGE.name
 
 
-@functools.lru_cache(maxsize=None)  # the package's files do not come and go while one process plans
+@functools.cache  # the package's files do not come and go while one process plans
 def _file_of(module: str) -> Path | None:
     parts = module.split(".")
     if parts[0] != NAME:
@@ -43,7 +43,7 @@ def _imports(path: Path) -> set[str]:
 
 # Planning hashes the code of every job, many of them the same modules: each file is parsed once per content
 # (its modification time and size stand for it) in a Snakemake process, not once per job (seconds a plan).
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parsed_imports(path: Path, mtime_ns: int, size: int) -> frozenset[str]:
     module = _module_of(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -68,7 +68,7 @@ def script_imports(script: Path) -> list[str]:
     return _parsed_script_imports(Path(script), info.st_mtime_ns, info.st_size)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parsed_script_imports(script: Path, mtime_ns: int, size: int) -> list[str]:
     found = set()
     for node in ast.walk(ast.parse(script.read_text())):
@@ -102,23 +102,18 @@ def module_files(*modules: str) -> list[Path]:
 def code_hash(*modules: str, files=(), scripts=()) -> str:
     """sha256 over the content of `modules` (with what they import), of `scripts` (entry points outside the
     package, with the package modules they import) and of other `files`."""
-    scripts = tuple(Path(s) for s in scripts)
-    files = tuple(map(Path, files))
-    # A plan hashes the same few scripts and modules for every job: each set is hashed once per content of the
-    # files it covers (their modification times and sizes stand for it), not once per job.
-    return _hashed(modules, files, scripts, _stamp(modules, files, scripts))
-
-
-def _stamp(modules, files, scripts) -> tuple:
-    paths = [*scripts, *files, *module_files(*modules, *(m for s in scripts for m in script_imports(s)))]
-    return tuple((str(p), (info := p.stat()).st_mtime_ns, info.st_size) for p in paths)
-
-
-@functools.lru_cache(maxsize=None)
-def _hashed(modules, files, scripts, stamp) -> str:
+    scripts = [Path(s) for s in scripts]
     modules = (*modules, *(name for script in scripts for name in script_imports(script)))
+    paths = [*module_files(*modules), *scripts, *map(Path, files)]
+    # A plan hashes the same few scripts and modules for every job: each set is hashed once per content of its
+    # files (their modification times and sizes stand for it), not once per job.
+    return _hashed(tuple((path, (info := path.stat()).st_mtime_ns, info.st_size) for path in paths))
+
+
+@functools.cache
+def _hashed(stamped: tuple) -> str:
     digest = hashlib.sha256()
-    for path in [*module_files(*modules), *scripts, *files]:
+    for path, _, _ in stamped:
         digest.update(str(path.relative_to(PACKAGE.parent) if path.is_relative_to(PACKAGE.parent) else path.name).encode())
         digest.update(b"\0")
         digest.update(path.read_bytes())
