@@ -23,7 +23,6 @@ export PYTHONDONTWRITEBYTECODE :=
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch first, from PyTorch's CPU index as envs/cpu.yaml takes it (a plain `torch`
 	# requirement would pull a multi-GB CUDA build); an offline machine takes the same file from its own
 	# wheel folder (find-links). TRL 1.16, whose GRPO trainer runs without Triton, i.e. on a CPU.
