@@ -6,25 +6,30 @@ import math
 import pytest
 
 from grpo_equivalence.analysis import verdict
-from grpo_equivalence.checks import rollout, rollout_verdict
+from grpo_equivalence.checks import rollout, rollout_verdict, scoring
 from grpo_equivalence.training import faults
 
 SETTINGS = {"temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.1}
 
 
-def test_tokens_the_settings_exclude_are_outside_and_the_tolerance_spares_only_the_edge():
+def test_tokens_the_settings_exclude_are_outside_and_the_rounding_band_spares_only_the_edge():
     import torch
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.04, 0.01]] * 3))
     # token 0 is inside; token 3 is the 4th (top_k 3 excludes it); token 4 is below min_p x 0.5 as well
-    scored = rollout.score_tokens(logits, torch.tensor([0, 3, 4]), SETTINGS, tolerance=1e-3, hotter=1.1)
+    scored = scoring.score_tokens(logits, torch.tensor([0, 3, 4]), SETTINGS, rounding=1e-3, margin=0.05)
     assert scored["outside"] == [False, True, True] and scored["outside_clear"] == [False, True, True]
     assert math.isfinite(scored["logq"][0]) and scored["logq"][0] == pytest.approx(math.log(0.5 / 0.95), rel=1e-5)
-    # raised by more than its distance to the third token's logit, token 3 would be inside: not clearly outside
-    spared = rollout.score_tokens(logits, torch.tensor([3]), SETTINGS, tolerance=2.0, hotter=1.1)
-    assert spared["outside"] == [True] and spared["outside_clear"] == [False]
-    # a hotter sampler draws less likely tokens: its expected score is below 0
-    assert scored["hot_shift"][0] < 0 and scored["variance"][0] > 0
+    assert all(scored["decided"])
+    # raised by more than its distance to the third token's logit, token 3 would be inside: not clearly outside,
+    # and a position whose support such a move changes is not decided
+    spared = scoring.score_tokens(logits[:1], torch.tensor([3]), SETTINGS, rounding=2.0, margin=0.05)
+    assert spared["outside"] == [True] and spared["outside_clear"] == [False] and spared["decided"] == [False]
+    # a hotter sampler draws less likely tokens: its expected score is below 0; a colder one above
+    assert scored["hot"]["shift"][0] < 0 < scored["cold"]["shift"][0] and scored["variance"][0] > 0
+    # min_p x 0.5 drops token 3 as top_k 3 does, and token 2 passes both: ignoring either changes nothing here
+    assert scored["no_top_k"]["changed"][0] == scored["no_min_p"]["changed"][0] == 0.0
+    assert scored["temperature_up"]["changed"][0] > 0.01 and scored["temperature_up"]["outside"][0] == 0.0
 
 
 def test_the_filters_order_changes_the_support_where_top_p_binds():
@@ -35,7 +40,7 @@ def test_the_filters_order_changes_the_support_where_top_p_binds():
     # transformers: top_p over all four keeps three, min_p keeps them; vLLM: min_p drops the last, then top_p over
     # the three renormalised drops the third
     for order, outside in (("transformers", False), ("vllm", True)):
-        scored = rollout.score_tokens(logits, torch.tensor([2]), settings, tolerance=1e-3, hotter=1.1, order=order)
+        scored = scoring.score_tokens(logits, torch.tensor([2]), settings, rounding=1e-4, margin=0.05, order=order)
         assert scored["outside"] == [outside], order
 
 
@@ -44,14 +49,14 @@ def test_the_score_of_a_correct_sampler_has_the_null_distribution_it_claims():
 
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn((4000, 20), generator=generator) * 2
-    q = torch.softmax(rollout.processors(SETTINGS)(torch.zeros((4000, 1), dtype=torch.long), logits.clone()), -1)
+    q = torch.softmax(scoring.processors(SETTINGS)(torch.zeros((4000, 1), dtype=torch.long), logits.clone()), -1)
     zs = []
     for chunk in range(20):
         rows = slice(chunk * 200, (chunk + 1) * 200)
         tokens = torch.multinomial(q[rows], 1, generator=generator).squeeze(1)
-        s = rollout.score_tokens(logits[rows], tokens, SETTINGS, tolerance=1e-3, hotter=1.1)
-        assert not any(s["outside"])
-        zs.append(sum(a + b for a, b in zip(s["logq"], s["entropy"], strict=True)) / math.sqrt(sum(s["variance"])))
+        sums = scoring.completion_sums(scoring.score_tokens(logits[rows], tokens, SETTINGS, rounding=1e-4, margin=0.05))
+        assert sums["outside"] == 0
+        zs.append(sums["score"] / math.sqrt(sums["variance"]))
     mean = sum(zs) / len(zs)
     assert abs(mean) < 3 / math.sqrt(len(zs)) and 0.4 < sum(z * z for z in zs) / len(zs) < 2.0, zs
 
@@ -61,7 +66,8 @@ def _run(backend, seed, outside=0, score=0.0, tokens=10, completions=40, reward=
     return {"schema_version": rollout.SCHEMA_VERSION, "backend": backend, "seed": seed, "sampling": SETTINGS,
             "fault": faults.split(backend)[1],
             "completions": [{"prompt": i // 2, "tokens": tokens, "reward": reward + (i % 3) * 0.5, "score": score,
-                             "variance": 2.0, "hot_shift": -0.5, "scored": tokens - (outside if i == 0 else 0),
+                             "variance": 2.0, "hot_shift": -0.5, "hot_variance": 2.2, "cold_shift": 0.5,
+                             "cold_variance": 1.8, "scored": tokens - (outside if i == 0 else 0), "decided": tokens,
                              "outside": outside if i == 0 else 0, "outside_clear": outside if i == 0 else 0}
                             for i in range(completions)]}
 
@@ -106,6 +112,20 @@ def test_a_test_with_no_variation_is_left_out_never_equivalent():
     assert again["tests"]["completion_length"]["verdict"] != rollout_verdict.NO_VARIATION
 
 
+def test_without_a_score_to_judge_a_candidate_is_never_called_equivalent():
+    """At temperature 0.1 and min_p 0.5 in bfloat16 every choice may be the rounding's: the score test has nothing
+    to judge, and a sampler 10 % too hot passes the other three tests. Inconclusive, with the reason."""
+    blind = [_run("hf", 1, tokens=100, completions=80), _run("hf+temperature_up", 2, tokens=100, completions=80)]
+    for run in blind:
+        for c in run["completions"]:
+            c.update(scored=0, score=0.0, variance=0.0, hot_shift=0.0, hot_variance=0.0, cold_shift=0.0, cold_variance=0.0)
+    comparison = rollout_verdict.compare(*blind, alpha=0.05, support_margin=0.001, margin_sd=0.1)
+    rollout_verdict.finalize([comparison], 0.05)
+    assert comparison["tests"]["score"]["verdict"] == rollout_verdict.NO_VARIATION
+    assert comparison["tests"]["support"]["verdict"] == verdict.EQUIVALENT
+    assert comparison["verdict"] == verdict.INCONCLUSIVE and "rounding" in comparison["reason"]
+
+
 def test_an_unknown_fault_is_refused_with_the_list():
     from grpo_equivalence.training import backends
 
@@ -129,24 +149,32 @@ def checks(primed, tiny_study, tmp_path_factory):
     out = tmp_path_factory.mktemp("rollout")
     runs = {}
     for name, seed in [("hf", 11), ("hf", 12), *[(f"hf+{f}", 13 + i) for i, f in enumerate(
-            ("temperature_up", "no_min_p", "no_top_k"))], ("native", 17), *[("native+temperature_up", s) for s in HOT]]:
+            faults.SAMPLING)], ("native", 17), *[("native+temperature_up", s) for s in HOT]]:
         runs[(name, seed)] = rollout.check(config, name, model_path=primed["model"], dataset=primed["dataset"],
                                            out=out / f"{name}_{seed}.json", seed=seed, log=lambda message: None)
     return runs
 
 
 @pytest.mark.workflow
-def test_the_rollout_check_catches_every_sampling_fault_and_not_a_reseeded_reference(checks):
+def test_the_rollout_check_catches_every_sampling_fault_it_states_it_detects_and_not_a_reseeded_reference(checks):
+    from grpo_equivalence.checks import power
+
     reference = checks[("hf", 11)]
-    others = [checks[("hf", 12)], *[checks[(f"hf+{f}", 13 + i)] for i, f in enumerate(
-        ("temperature_up", "no_min_p", "no_top_k"))]]
+    names = faults.SAMPLING
+    others = [checks[("hf", 12)], *[checks[(f"hf+{f}", 13 + i)] for i, f in enumerate(names)]]
     comparisons = [rollout_verdict.compare(reference, other, alpha=0.05, support_margin=0.001, margin_sd=0.1)
                    for other in others]
     rollout_verdict.finalize(comparisons, 0.05)
     control, *faulty = comparisons
     assert control["verdict"] != verdict.DIVERGENT, control["tests"]
-    for comparison in faulty:
-        assert comparison["verdict"] == verdict.DIVERGENT, (comparison["candidate"], comparison["tests"])
+    tokens = sum(c["tokens"] for c in reference["completions"])
+    stated = {row["fault"]: row for row in power.statements(reference["profile"], tokens, alpha=0.05,
+                                                            family=control["family_size"])}
+    sure = [name for name in names if stated[name]["kind"] == power.DETECTABLE and stated[name]["power"] > 0.95]
+    assert {"temperature_up", "no_min_p", "no_top_k"} <= set(sure), stated  # at the tiny study's settings
+    for name, comparison in zip(names, faulty, strict=True):
+        if name in sure:
+            assert comparison["verdict"] == verdict.DIVERGENT, (comparison["candidate"], comparison["tests"])
     # the faults change the sampler only: the trainer scored with the study's settings
     assert all(c["sampling"] == reference["sampling"] for c in checks.values())
 

@@ -2,14 +2,18 @@
 the reference's, from the same checkpoint and prompts. Four tests, each with a divergence p-value and an
 equivalence test against a margin fixed in advance:
 
-- support: tokens the study's settings exclude (clearly, beyond the rounding tolerance), per token sampled. The
-  candidate's count against the reference's, conditionally on their sum (binomial, one-sided: only more is a
-  fault). Equivalent when the candidate's rate is, at 1 - alpha confidence (Clopper-Pearson), within
-  `support_margin` of the reference's.
-- score: the mean over tokens of log q(x) + H(q), whose variance under correct sampling is known exactly at
-  every token (rollout's docstring); the candidate's mean against the reference's (z-test). The margin is
-  the shift a sampler hotter by `temperature_margin` (10 % by default, the smallest injected temperature
-  fault) would cause at the very tokens scored: equivalent means closer to the settings than that.
+- support: tokens the study's settings exclude clearly, beyond the rounding band (grpo_equivalence.checks.scoring),
+  per token sampled. The candidate's count against the reference's, conditionally on their sum (binomial,
+  one-sided: a correct sampler draws none, so only more is a fault). Equivalent when the candidate's rate is, at
+  1 - alpha confidence (Clopper-Pearson, exact at the alternative's binomial variance), within `support_margin`
+  of the reference's.
+- score: the mean of log q(x) + H(q) over the positions the rounding does not decide, whose variance under
+  correct sampling is known exactly at every token; the candidate's mean against the reference's (z-test).
+  Equivalence is two-sided: the margins are the shifts samplers hotter and colder by `temperature_margin` (a
+  relative temperature, so that it means the same at temperature 0.1 as at 1.0) would cause at the very
+  positions scored, and each one-sided test uses the variance the candidate would have at that margin (TOST at
+  the alternative's variance, not the null's, which is larger at the hot margin). A check with no such position
+  (every choice left to the rounding) has "no variation" on this test.
 - completion_length and reward: per prompt, the candidate's mean over its completions minus the reference's
   (the prompts are shared: paired). Equivalence tests only (two one-sided tests within `margin` standard
   deviations of a completion's value): they are consequences of the tokens drawn, which the two tests above
@@ -21,7 +25,8 @@ equivalence test against a margin fixed in advance:
 Divergence is decided on the support and score tests, with Holm's step-down over those of every candidate
 judged together (the report's family), so that a report of candidates that all sample correctly calls
 something divergent at most alpha of the time. A candidate is divergent if one of them is, equivalent if all
-four tests are (those with no variation left out), inconclusive otherwise: then the evidence says how many completions would confirm equivalence
+four tests are (those with no variation left out; never without the score test, which is what sees a sampler's
+temperature), inconclusive otherwise: then the evidence says how many completions would confirm equivalence
 90 % of the time if the two sampled alike.
 The sampler/trainer mismatch (where the backend reports its own log-probabilities) is shown, not judged:
 it has no noise floor to judge it against.
@@ -59,7 +64,8 @@ def totals(run: dict) -> dict:
         "scored": sum(c["scored"] for c in completions),
         "score": sum(c["score"] for c in completions),
         "variance": sum(c["variance"] for c in completions),
-        "hot_shift": sum(c["hot_shift"] for c in completions),
+        **{key: sum(c[key] for c in completions) for key in ("decided", "hot_shift", "hot_variance", "cold_shift",
+                                                              "cold_variance")},
         "completions": len(completions),
         "values": {key: [c["tokens" if key == "completion_length" else key] for c in completions]
                    for key in ("completion_length", "reward")},
@@ -88,20 +94,30 @@ def support_test(ref: dict, cand: dict, *, alpha: float, margin: float) -> dict:
 def score_test(ref: dict, cand: dict, *, alpha: float) -> dict:
     from scipy.stats import norm
 
-    if cand["scored"] == 0 or ref["scored"] == 0:
-        raise StatsError("a rollout check without scored tokens cannot be judged; sample more (rollout_check.prompts)")
+    if cand["scored"] == 0 or ref["scored"] == 0 or ref["variance"] + cand["variance"] == 0:
+        # no decided position where the settings leave a choice: nothing the rounding does not decide
+        return {"p_value": 1.0, "difference": 0.0, "se": 0.0, "z": 0.0, "margin": 0.0, "margins": [0.0, 0.0],
+                "equivalent": False, "no_variation": True, "reference_z": 0.0, "candidate_z": 0.0,
+                "reason": "no position where the settings leave a choice and the rounding does not decide it"}
     means = [run["score"] / run["scored"] for run in (ref, cand)]
     se = math.sqrt(ref["variance"] / ref["scored"] ** 2 + cand["variance"] / cand["scored"] ** 2)
     difference = means[1] - means[0]
-    margin = (abs(ref["hot_shift"]) + abs(cand["hot_shift"])) / (ref["scored"] + cand["scored"])
+    pooled = ref["scored"] + cand["scored"]
+    # the margins: what a sampler hotter (below 0) or colder (above) by temperature_margin would shift the mean by
+    hot, cold = (ref["hot_shift"] + cand["hot_shift"]) / pooled, (ref["cold_shift"] + cand["cold_shift"]) / pooled
+    # TOST, each side at the variance the candidate would have if it sampled at that margin
+    crit = _z(1 - alpha)
+    se_hot = math.sqrt(ref["variance"] / ref["scored"] ** 2 + cand["hot_variance"] / cand["scored"] ** 2)
+    se_cold = math.sqrt(ref["variance"] / ref["scored"] ** 2 + cand["cold_variance"] / cand["scored"] ** 2)
     z = difference / se if se > 0 else (0.0 if difference == 0 else math.copysign(math.inf, difference))
-    result = {"p_value": float(2 * norm.sf(abs(z))), "difference": difference, "se": se, "z": z, "margin": margin,
-              "equivalent": abs(difference) + _z(1 - alpha) * se < margin,
+    result = {"p_value": float(2 * norm.sf(abs(z))), "difference": difference, "se": se, "z": z,
+              "margin": min(-hot, cold), "margins": [hot, cold],
+              "equivalent": hot < 0 < cold and difference - crit * se_hot > hot and difference + crit * se_cold < cold,
               # each backend on its own against the settings: N(0, 1) under correct sampling
               "reference_z": ref["score"] / math.sqrt(ref["variance"]) if ref["variance"] else 0.0,
               "candidate_z": cand["score"] / math.sqrt(cand["variance"]) if cand["variance"] else 0.0}
     if not result["equivalent"]:
-        result["needed_factor"] = _factor(se, margin, alpha)
+        result["needed_factor"] = _factor(max(se_hot, se_cold), min(-hot, cold), alpha)
     return result
 
 
@@ -169,6 +185,10 @@ def finalize(comparisons: list[dict], alpha: float) -> list[dict]:
     for (comparison, name), divergent in zip(flat, rejected, strict=True):
         test = comparison["tests"][name]
         test["verdict"] = DIVERGENT if divergent else EQUIVALENT if test["equivalent"] else INCONCLUSIVE
+    for comparison, name in flat:  # a divergence test with nothing to judge and nothing found: left out
+        test = comparison["tests"][name]
+        if test.get("no_variation") and test["verdict"] != DIVERGENT:
+            test["verdict"] = NO_VARIATION
     for comparison in comparisons:
         for name in set(TESTS) - set(DIVERGENCE_TESTS):
             test = comparison["tests"][name]
@@ -180,6 +200,10 @@ def finalize(comparisons: list[dict], alpha: float) -> list[dict]:
         comparison["family_size"] = len(flat)
         comparison["verdict"] = (DIVERGENT if DIVERGENT in verdicts else EQUIVALENT if set(verdicts) == {EQUIVALENT}
                                  else INCONCLUSIVE)
+        if comparison["verdict"] == EQUIVALENT and comparison["tests"]["score"]["verdict"] == NO_VARIATION:
+            # the score is what sees a sampler's temperature: without it, equivalence is not shown, only unrefuted
+            comparison["verdict"] = INCONCLUSIVE
+            comparison["reason"] = "the score test has no position the rounding does not decide"
         open_tests = [comparison["tests"][n] for n in TESTS if comparison["tests"][n]["verdict"] == INCONCLUSIVE]
         factor = max((t.get("needed_factor", 1.0) for t in open_tests), default=None)
         comparison["needed_completions"] = (math.ceil(factor * comparison["completions"]["candidate"])

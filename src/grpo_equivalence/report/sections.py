@@ -11,7 +11,8 @@ from ..analysis import stats as stats_io
 from ..analysis import verdict
 from ..analysis.compare import compare
 from ..checks import rollout as rollout_files
-from ..checks import rollout_verdict
+from ..checks import power, rollout_verdict
+from ..training import faults
 from ..study.config import rollout_check_settings
 
 # A warning that names a sampling setting: the backend may not sample as the study asked, so its
@@ -186,7 +187,10 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
         comparison["control"] = other["backend"] == reference
         comparison["label"] = f"{reference} (seed {other['seed']})" if comparison["control"] else other["backend"]
     rollout_verdict.finalize(comparisons, alpha)
-    return {"reference": reference, "reference_seed": base["seed"], "comparisons": comparisons,
+    tokens = sum(x["tokens"] for x in base["completions"])
+    return {"power": power.statements(base["profile"], tokens, alpha=alpha, family=comparisons[0]["family_size"]),
+            "power_tokens": tokens, "rounds": base["rounds"], "max_rounds": base["max_rounds"], "dtype": base["dtype"],
+            "faults": faults.FAULTS, "reference": reference, "reference_seed": base["seed"], "comparisons": comparisons,
             "tests": rollout_verdict.TESTS, "settings": settings, "sampling": base["sampling"],
             "prompts": base["prompts"], "generations": base["generations"], "tolerance": base["tolerance"],
             "temperature_margin": base["temperature_margin"], "order": base.get("order", "transformers"),

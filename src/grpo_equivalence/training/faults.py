@@ -10,13 +10,17 @@ SEPARATOR = "+"
 # Each fault and what it does
 FAULTS = {
     "temperature_up": "the sampler's temperature x1.1",
+    "temperature_down": "the sampler's temperature x0.9",
     "no_min_p": "the sampler ignores min_p",
     "no_top_k": "the sampler ignores top_k",
     "stale_policy": "completions sampled from the policy of one step before",
     "bf16_rollout": "adapters rounded to bfloat16 for the rollout",
     "no_kl": "the KL term dropped from the loss (still measured): a trainer-side control",
 }
-TEMPERATURE_FACTOR = 1.1
+TEMPERATURE_FACTOR = {"temperature_up": 1.1, "temperature_down": 0.9}
+# The faults that change what the sampler draws from the same logits, as the settings a faulty sampler uses: the
+# rollout check computes from them what it can detect (grpo_equivalence.checks.power)
+SAMPLING = ("temperature_up", "temperature_down", "no_min_p", "no_top_k")
 # beta this small drops the KL term from the loss while TRL still computes and logs the KL (it skips both at 0)
 NEGLIGIBLE_BETA = 1e-12
 
@@ -30,6 +34,17 @@ def split(name: str) -> tuple[str, str | None]:
 def check(fault: str) -> None:
     if fault not in FAULTS:
         raise KeyError(f"unknown fault {fault!r}; choose among {', '.join(FAULTS)} (as BACKEND+FAULT)")
+
+
+def sampler_settings(fault: str, settings: dict) -> dict:
+    """The sampling settings (temperature, top_k, top_p, min_p) a sampler with sampling `fault` uses."""
+    if fault in TEMPERATURE_FACTOR:
+        return {**settings, "temperature": (settings.get("temperature") or 1.0) * TEMPERATURE_FACTOR[fault]}
+    if fault == "no_min_p":
+        return {**settings, "min_p": None}
+    if fault == "no_top_k":
+        return {**settings, "top_k": None}
+    raise KeyError(f"{fault!r} is not a sampling fault; sampling faults: {', '.join(SAMPLING)}")
 
 
 def _set_sampler(trainer, **values) -> list[str]:
@@ -104,8 +119,8 @@ def _bf16(trainer, params):
 def inject(trainer, fault: str) -> list[str]:
     """Puts `fault` into a built GRPOTrainer; returns what it changed, as the report names settings."""
     check(fault)
-    if fault == "temperature_up":
-        return _set_sampler(trainer, temperature=lambda t: t * TEMPERATURE_FACTOR)
+    if fault in TEMPERATURE_FACTOR:
+        return _set_sampler(trainer, temperature=lambda t: t * TEMPERATURE_FACTOR[fault])
     if fault == "no_min_p":
         return _set_sampler(trainer, min_p=lambda _: 0.0 if getattr(trainer, "vllm_generation", None) else None)
     if fault == "no_top_k":

@@ -1,0 +1,161 @@
+"""What the rollout check can detect at a study's settings, and how many tokens it needs: its power, stated.
+
+From the logits it scores (grpo_equivalence.checks.scoring), the check knows per position what each named
+sampling fault would change: the mean shift of the score and its variance at decided positions, the chance of
+drawing a clearly-outside token, and the total variation from q. Summed over the tokens sampled (a "profile"),
+these give, for a candidate and a reference of N tokens each:
+
+- the score test's power: the shift against its standard error at N, two-sided, at Holm's first level
+  (alpha / family, the level a lone fault in a report of correct samplers is judged at);
+- the support test's power: the chance that the fault's clearly-outside count, Poisson at N x its rate, reaches
+  the count the one-sided binomial test needs against the reference's;
+- together, the chance that one of them calls it divergent (they look at different tokens: taken as independent);
+- the chance that a correct sampler is confirmed equivalent on the score test (TOST between the margin's hotter
+  and colder samplers, each side at the variance its sampler would have).
+
+A fault whose total variation from q is below NO_EFFECT per token cannot change what is sampled at these settings
+("top_k never binds here"); one that changes the distribution only where the rounding decides (no decided
+position moves, no token it draws is clearly outside) cannot be told from rounding at this precision: both are
+named as such, never counted as misses.
+
+The plan: the tokens that detect every detectable fault and confirm a correct sampler, each with TARGET power.
+A rollout-check job samples rounds until its tokens reach the plan re-estimated from all rounds so far, or the
+study's cap (rollout_check.max_rounds). The plan depends on the scorer's variances and the faults' shifts, never
+on the score's value: stopping on that information leaves the one final look at its level (tests/test_power.py
+measures the false alarms of this design on synthetic samplers).
+"""
+
+import math
+
+TARGET = 0.8  # the power the plan aims for, for each detectable fault and for confirming a correct sampler
+NO_EFFECT = 1e-6  # total variation per token below which a fault changes nothing at these settings
+DETECTABLE, NO_CHANGE, ROUNDING_ONLY = "detectable", "no effect", "only where rounding decides"
+_MOST = 10 ** 12  # tokens beyond which the plan says "not reachable"
+
+
+def _norm():
+    from scipy.stats import norm
+
+    return norm
+
+
+def empty_profile(names) -> dict:
+    return {"tokens": 0, "scored": 0, "variance": 0.0, "outside_clear": 0, "hot_shift": 0.0, "hot_variance": 0.0,
+            "cold_shift": 0.0, "cold_variance": 0.0,
+            "effects": {n: {"shift": 0.0, "variance": 0.0, "outside": 0.0, "changed": 0.0} for n in names}}
+
+
+def add(profile: dict, completion: dict, effects: dict | None = None) -> None:
+    """A completion's sums (scoring.completion_sums) and effect sums (scoring.effect_sums) into `profile`."""
+    for key in ("tokens", "scored", "variance", "outside_clear", "hot_shift", "hot_variance", "cold_shift",
+                "cold_variance"):
+        profile[key] += completion[key]
+    for name, values in (effects or {}).items():
+        for key, value in values.items():
+            profile["effects"][name][key] += value
+
+
+def per_token(profile: dict) -> dict:
+    """The profile's rates: per token sampled (rates) and per scored position (means, variances)."""
+    n, m = max(profile["tokens"], 1), max(profile["scored"], 1)
+    return {"scored_share": profile["scored"] / n, "null_variance": profile["variance"] / m,
+            "outside": profile["outside_clear"] / n,
+            "hot": (profile["hot_shift"] / m, profile["hot_variance"] / m),
+            "cold": (profile["cold_shift"] / m, profile["cold_variance"] / m),
+            "effects": {name: {"shift": e["shift"] / m, "variance": e["variance"] / m, "outside": e["outside"] / n,
+                               "changed": e["changed"] / n} for name, e in profile["effects"].items()}}
+
+
+def _support_count(reference: int, level: float) -> int:
+    """The smallest candidate count the one-sided binomial test (conditional on the sum) calls divergent at `level`
+    beside `reference` tokens outside, with as many tokens sampled by each."""
+    from scipy.stats import binom
+
+    k = 1
+    while binom.sf(k - 1, k + reference, 0.5) >= level:
+        k += 1
+    return k
+
+
+def detection_power(rates: dict, fault: str, tokens: int, level: float) -> float:
+    """The chance that `fault` is called divergent with `tokens` sampled by it and by the reference."""
+    from scipy.stats import poisson
+
+    effect = rates["effects"][fault]
+    positions = tokens * rates["scored_share"]
+    score = 0.0
+    spread = rates["null_variance"] + effect["variance"]
+    if positions > 0 and spread > 0 and effect["shift"] != 0:
+        norm, crit = _norm(), _norm().ppf(1 - level / 2)
+        ratio = abs(effect["shift"]) / math.sqrt(spread / positions)
+        score = float(norm.cdf(ratio - crit) + norm.cdf(-ratio - crit))
+    reference = round(tokens * rates["outside"])
+    expected = tokens * (effect["outside"] + rates["outside"])
+    support = float(poisson.sf(_support_count(reference, level) - 1, expected)) if effect["outside"] > 0 else 0.0
+    return 1 - (1 - score) * (1 - support)
+
+
+def equivalence_power(rates: dict, tokens: int, alpha: float) -> float:
+    """The chance that a correct sampler is confirmed equivalent on the score test with `tokens` from each side."""
+    positions = tokens * rates["scored_share"]
+    (hot, hot_var), (cold, cold_var) = rates["hot"], rates["cold"]
+    if positions <= 0 or rates["null_variance"] <= 0 or hot >= 0 or cold <= 0:
+        return 0.0
+    norm = _norm()
+    crit = norm.ppf(1 - alpha)
+    se = math.sqrt(2 * rates["null_variance"] / positions)
+    low = hot + crit * math.sqrt((rates["null_variance"] + hot_var) / positions)
+    high = cold - crit * math.sqrt((rates["null_variance"] + cold_var) / positions)
+    return max(0.0, float(norm.cdf(high / se) - norm.cdf(low / se)))
+
+
+def _needed(power, target: float = TARGET) -> int | None:
+    """The fewest tokens at which power(tokens) reaches target; None: not below _MOST."""
+    low, high = 0, 1000
+    while power(high) < target:
+        low, high = high, high * 2
+        if high > _MOST:
+            return None
+    while high - low > max(1, high // 100):  # within 1 %
+        middle = (low + high) // 2
+        low, high = (middle, high) if power(middle) < target else (low, middle)
+    return high
+
+
+def kind(rates: dict, fault: str) -> str:
+    effect = rates["effects"][fault]
+    if effect["changed"] < NO_EFFECT:
+        return NO_CHANGE
+    if effect["outside"] <= 0 and abs(effect["shift"]) < 1e-12:
+        return ROUNDING_ONLY
+    return DETECTABLE
+
+
+def plan(profile: dict, *, alpha: float, family: int) -> dict:
+    """Per named fault its kind, the tokens it needs for TARGET power, and the tokens a correct sampler needs to be
+    confirmed equivalent; `tokens`: the most of these (None where one is not reachable)."""
+    rates = per_token(profile)
+    level = alpha / max(family, 1)
+    faults_ = {}
+    for fault in profile["effects"]:
+        found = kind(rates, fault)
+        need = _needed(lambda n, f=fault: detection_power(rates, f, n, level)) if found == DETECTABLE else None
+        faults_[fault] = {"kind": found, "tokens_needed": need, "changed_per_token": rates["effects"][fault]["changed"]}
+    confirm = _needed(lambda n: equivalence_power(rates, n, alpha))
+    needs = [f["tokens_needed"] for f in faults_.values() if f["kind"] == DETECTABLE] + [confirm]
+    return {"faults": faults_, "confirm_tokens": confirm, "level": level,
+            "tokens": None if None in needs else max(needs, default=0)}
+
+
+def statements(profile: dict, tokens: int, *, alpha: float, family: int) -> list[dict]:
+    """Per named fault, what the check detects at `tokens` a side: its kind, power and the tokens for TARGET power;
+    and a correct sampler's chance to be confirmed equivalent."""
+    rates = per_token(profile)
+    planned = plan(profile, alpha=alpha, family=family)
+    rows = []
+    for fault, found in planned["faults"].items():
+        power = detection_power(rates, fault, tokens, planned["level"]) if found["kind"] == DETECTABLE else None
+        rows.append({"fault": fault, **found, "power": power})
+    rows.append({"fault": None, "kind": "confirm equivalence", "tokens_needed": planned["confirm_tokens"],
+                 "power": equivalence_power(rates, tokens, alpha), "changed_per_token": 0.0})
+    return rows

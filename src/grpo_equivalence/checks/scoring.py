@@ -1,0 +1,158 @@
+"""Scoring sampled tokens under the distribution the sampling settings define, with the rounding taken into account.
+
+The settings define q: the logits at temperature, then top-k, top-p and min-p as transformers applies them. The
+sampler and the scorer compute the logits with different kernels; in 16-bit arithmetic they differ by a few
+rounding steps of the largest logit. At a cold sampler that decides a great deal: at temperature 0.1 and min_p
+0.5 the settings keep the tokens within 0.1 x ln 2 = 0.069 of the largest logit, less than one bfloat16 rounding
+step of a logit of 20 (0.125). Where the rounding can move a token across the edge of the support, the two sides
+disagree on what the settings keep, and a sampler that is right by its own logits looks wrong by the scorer's.
+
+So every quantity is judged where sampling decides, against a rounding band b = tolerance x max(1, |largest
+logit|) (ROUNDING: a relative tolerance per dtype, a few of its rounding steps):
+- a sampled token is *clearly outside* the support if it stays outside with its logit raised by b against the
+  rest: no rounding of that size could have let the sampler keep it;
+- a position is *decided* if its support stays the same when the weakest kept token is lowered by b or the
+  strongest dropped one raised by b. The score test uses decided positions only: there the sampler and the
+  scorer agree on the support, and log q(x) + H(q) has mean 0 and a variance known exactly under correct
+  sampling. The choice depends on the scorer's logits alone, never on the token drawn, so it biases nothing.
+  (Counting every position instead is what made a correct bfloat16 sampler score z = +38 on its own: the tokens
+  the rounding let it draw outside were dropped from the sum, the ones it rounded away were never drawn.)
+
+Per position it also gives what an alternative sampler would do at the same logits: a sampler hotter or colder
+by the score test's margin (its equivalence bounds, with their variances) and each named sampling fault
+(grpo_equivalence.training.faults.SAMPLING): its mean shift of the score and variance at decided positions, the
+chance it draws a clearly-outside token, and how far its distribution is from q at all (total variation). From
+these grpo_equivalence.checks.power states what the check can detect at the study's settings and size.
+"""
+
+from ..training import faults
+
+# Relative rounding tolerance of the logits in each dtype: bfloat16 keeps 8 significant bits (a rounding step is
+# 2^-8 to 2^-7 of the value), float16 11; float32's kernels differ by far more than its own step (accumulation
+# order), 1e-4 of the largest logit (about 1e-3 at the logits of a trained model).
+ROUNDING = {"float32": 1e-4, "bfloat16": 2.0 ** -6, "float16": 2.0 ** -9}
+
+# The order the filters apply in, which changes the distribution where top_p binds: transformers' generate()
+# takes top-k, top-p, then min-p; vLLM takes min-p first (a logits processor), then top-k and top-p.
+ORDERS = {"transformers": ("top_k", "top_p", "min_p"), "vllm": ("min_p", "top_k", "top_p")}
+# Per position, the mean and variance of the score under each alternative (per_alternative's keys)
+ALTERNATIVE_KEYS = ("shift", "variance", "outside", "changed")
+
+
+def processors(settings: dict, order: str = "transformers"):
+    """transformers' own logits warpers for the settings: temperature, then the filters in `order` (ORDERS)."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    chain = LogitsProcessorList()
+    if settings.get("temperature") not in (None, 1.0):
+        chain.append(TemperatureLogitsWarper(settings["temperature"]))
+    make = {"top_k": lambda v: TopKLogitsWarper(v), "top_p": lambda v: TopPLogitsWarper(v),
+            "min_p": lambda v: MinPLogitsWarper(v)}
+    skip = {"top_k": (None, 0, -1), "top_p": (None, 1.0), "min_p": (None, 0, 0.0)}
+    for key in ORDERS[order]:
+        if settings.get(key) not in skip[key]:
+            chain.append(make[key](settings[key]))
+    return chain
+
+
+def alternatives(settings: dict, margin: float) -> dict:
+    """The samplers the check measures itself against: hotter and colder by `margin` (the score test's equivalence
+    bounds), and each named sampling fault, as settings."""
+    temperature = settings.get("temperature") or 1.0
+    return {"hot": {**settings, "temperature": temperature * (1 + margin)},
+            "cold": {**settings, "temperature": temperature * (1 - margin)},
+            **{name: faults.sampler_settings(name, settings) for name in faults.SAMPLING}}
+
+
+def score_tokens(logits, tokens, settings: dict, *, rounding: float, margin: float, order: str = "transformers") -> dict:
+    """Per position of `logits` (T, V) as the scorer's model gives them for predicting `tokens` (T,): lists of
+    log q(x), entropy H of q, variance of log q under q, outside (strict), outside_clear, decided, and per
+    alternative (alternatives()) {shift, variance, outside, changed}."""
+    import torch
+
+    logits = logits.float()
+    rows = torch.arange(len(tokens), device=logits.device)
+    dummy = torch.zeros((logits.shape[0], 1), dtype=torch.long, device=logits.device)
+    chain = processors(settings, order)
+
+    def kept(values):
+        return torch.isfinite(chain(dummy, values.clone()))
+
+    logq = torch.log_softmax(chain(dummy, logits.clone()), dim=-1)
+    keep = torch.isfinite(logq)
+    finite = torch.where(keep, logq, torch.zeros_like(logq))
+    q = logq.exp()
+    entropy = -(q * finite).sum(-1)
+    variance = ((q * finite ** 2).sum(-1) - entropy ** 2).clamp_min(0.0)
+    picked = logq[rows, tokens]
+    band = rounding * logits.amax(-1).abs().clamp_min(1.0)
+    raised = logits.clone()
+    raised[rows, tokens] += band
+    clear = ~kept(raised)[rows, tokens]
+    # decided: the boundary tokens moved by the band leave the support as it is
+    weakest = torch.where(keep, logits, torch.full_like(logits, float("inf"))).argmin(-1)
+    lowered = logits.clone()
+    lowered[rows, weakest] -= band
+    decided = (kept(lowered) == keep).all(-1)
+    dropped = ~keep
+    strongest = torch.where(dropped, logits, torch.full_like(logits, -float("inf"))).argmax(-1)
+    lifted = logits.clone()
+    lifted[rows, strongest] += band
+    decided &= (kept(lifted) == keep).all(-1) | ~dropped.any(-1)
+    # tokens clearly outside, each raised on its own (approximated at once: every dropped token raised together)
+    clear_all = dropped & ~kept(torch.where(keep, logits - band[:, None], logits))
+    centred = finite + entropy[:, None]
+    out = {"logq": picked.tolist(), "entropy": entropy.tolist(), "variance": variance.tolist(),
+           "outside": (~torch.isfinite(picked)).tolist(), "outside_clear": clear.tolist(), "decided": decided.tolist()}
+    for name, alternative in alternatives(settings, margin).items():
+        p = torch.softmax(processors(alternative, order)(dummy, logits.clone()), dim=-1)
+        inside = p * keep
+        mass = inside.sum(-1)
+        conditional = inside / mass.clamp_min(1e-30)[:, None]
+        shift = (conditional * centred).sum(-1)
+        out[name] = {"shift": torch.where(decided, shift, torch.zeros_like(shift)).tolist(),
+                     "variance": torch.where(decided, ((conditional * centred ** 2).sum(-1) - shift ** 2).clamp_min(0.0),
+                                             torch.zeros_like(shift)).tolist(),
+                     "outside": (p * clear_all).sum(-1).tolist(),
+                     "changed": (0.5 * (p - q).abs().sum(-1)).tolist()}
+    return out
+
+
+def empty() -> dict:
+    """score_tokens' result for no positions (a completion without tokens)."""
+    return {**{key: [] for key in ("logq", "entropy", "variance", "outside", "outside_clear", "decided")},
+            **{name: {key: [] for key in ALTERNATIVE_KEYS} for name in ("hot", "cold", *faults.SAMPLING)}}
+
+
+def completion_sums(scored: dict) -> dict:
+    """One completion's scored positions in the sums the tests need (the per-token values are not kept).
+
+    score and variance: the centred score sum(log q(x) + H) and its variance under correct sampling, over the
+    decided positions whose token is inside; hot/cold: the shift and variance the margin's samplers would give
+    there; scored: those positions; decided: every decided position; outside, outside_clear: tokens outside the
+    support, strictly and clearly."""
+    n = len(scored["logq"])
+    counted = [i for i in range(n) if scored["decided"][i] and not scored["outside"][i]]
+    sums = {"tokens": n, "scored": len(counted), "decided": sum(scored["decided"]),
+            "score": sum(scored["logq"][i] + scored["entropy"][i] for i in counted),
+            "variance": sum(scored["variance"][i] for i in counted),
+            "outside": sum(scored["outside"]), "outside_clear": sum(scored["outside_clear"])}
+    for side in ("hot", "cold"):
+        sums[f"{side}_shift"] = sum(scored[side]["shift"][i] for i in counted)
+        sums[f"{side}_variance"] = sum(scored[side]["variance"][i] for i in counted)
+    return sums
+
+
+def effect_sums(scored: dict) -> dict:
+    """What each named sampling fault would change at these positions, summed: the power computation's input."""
+    counted = [i for i in range(len(scored["logq"])) if scored["decided"][i] and not scored["outside"][i]]
+    return {name: {"shift": sum(scored[name]["shift"][i] for i in counted),
+                   "variance": sum(scored[name]["variance"][i] for i in counted),
+                   "outside": sum(scored[name]["outside"]), "changed": sum(scored[name]["changed"])}
+            for name in faults.SAMPLING}
