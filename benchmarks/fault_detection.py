@@ -1,18 +1,23 @@
 """How often the rollout check calls each injected fault divergent, and a reseeded reference divergent.
 
-Each repetition is one report's rollout check on the tiny study (studies/tiny.yaml's settings): the reference
-backend at one seed, and as candidates judged together (Holm over their tests) the reference at another seed
-(the control) and the reference with each sampling fault (grpo_equivalence.training.faults), each at a seed of its own.
-Prints, per candidate, the share of repetitions called divergent, equivalent and inconclusive, and writes the
-counts as JSON.
+Each repetition is one report's rollout check on the tiny study's model: the reference backend at one seed, and
+as candidates judged together (Holm over their tests) the reference at another seed (the control) and the
+reference with each sampling fault (grpo_equivalence.training.faults.SAMPLING), each at a seed of its own. The
+sampling is the tiny study's (temperature 1.0, min_p 0.05) or, with --sampling study, config.yaml's (temperature
+0.1, min_p 0.5); --dtype bfloat16 --gpu samples and scores in bfloat16 on the GPU. Each check samples rounds to
+its plan (grpo_equivalence.checks.power), at most --max-rounds. Prints, per candidate, the share of repetitions
+called divergent, equivalent and inconclusive, and the power the reference's check stated for each fault; writes
+them as JSON.
 
-    python benchmarks/fault_detection.py [--reps 20] [--jobs 2] [--backend hf] [--out fault_detection.json]
+    python benchmarks/fault_detection.py [--reps 20] [--jobs 2] [--backend hf] [--sampling tiny|study]
+        [--dtype float32|bfloat16] [--gpu] [--max-rounds 1] [--out fault_detection.json]
 
 It builds the tiny study's primed model and data first if results/tiny/ lacks them (snakemake).
 """
 
 import argparse
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -23,31 +28,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-SAMPLING_FAULTS = ("temperature_up", "no_min_p", "no_top_k")
 MODEL = ROOT / "results/tiny/primed"
 DATA = ROOT / "results/tiny/data/train.jsonl"
 
 
-def study() -> dict:
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
+
+
+def study(sampling: str = "tiny", dtype: str = "float32", gpu: bool = False, max_rounds: int = 1,
+          margin: float | None = None) -> dict:
+    """The tiny study, with config.yaml's sampling settings where `sampling` is "study"."""
     import yaml
 
     from grpo_equivalence.study.config import rollout_check_settings
 
     config = yaml.safe_load((ROOT / "studies/tiny.yaml").read_text())
-    config["rollout_check"] = rollout_check_settings(config.get("rollout_check"))
+    if sampling == "study":
+        real = yaml.safe_load((ROOT / "config.yaml").read_text())["grpo"]
+        config["grpo"].update({key: real[key] for key in SAMPLING_KEYS})
+    config.update(dtype=dtype, gpus_per_train_job=int(gpu))
+    check = {**config.get("rollout_check", {}), "max_rounds": max_rounds}
+    if margin is not None:
+        check["temperature_margin"] = margin
+    config["rollout_check"] = rollout_check_settings(check)
     return config
 
 
 def _check(job: tuple) -> dict:
     """One rollout check in a process of its own (one thread): its file's content."""
-    backend, seed, out = job
+    backend, seed, out, settings, candidates = job
     import torch
 
     torch.set_num_threads(1)
     from grpo_equivalence.checks import rollout
 
+    config = study(**settings)
+    config["backends"] = [config["reference"]] * candidates  # the report's family: planned at its size
     dataset = {"path": "json", "data_files": str(DATA), "name": None}
-    return rollout.check(study(), backend, model_path=str(MODEL), dataset=dataset, out=Path(out), seed=seed,
+    return rollout.check(config, backend, model_path=str(MODEL), dataset=dataset, out=Path(out), seed=seed,
                          log=lambda message: None)
 
 
@@ -65,6 +83,16 @@ def arguments(description: str, reps: int, out: str) -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--backend", default="hf")
     parser.add_argument("--out", default=out)
+    parser.add_argument("--sampling", choices=("tiny", "study"), default="tiny",
+                        help="the tiny study's sampling settings, or config.yaml's (the real study's)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--gpu", action="store_true", help="sample and score on the GPU (every check shares it)")
+    parser.add_argument("--max-rounds", type=int, default=1, help="the cap on each check's rounds")
+    parser.add_argument("--first-seed", type=int, default=10_000, help="the first repetition's reference seed")
+    parser.add_argument("--deadline", type=float, default=None, help="seconds after which no further check starts; "
+                        "the repetitions finished are judged")
+    parser.add_argument("--margin", type=float, default=None, help="the score test's temperature margin (default: "
+                        "the study's)")
     return parser
 
 
@@ -91,41 +119,92 @@ def main() -> None:
     args = arguments(__doc__.splitlines()[0], 20, "fault_detection.json").parse_args()
     prepare(args)
     from grpo_equivalence.analysis import verdict
-    from grpo_equivalence.checks import rollout_verdict
+    from grpo_equivalence.checks import power, rollout_verdict
+    from grpo_equivalence.training import faults
 
-    config = study()
-    scratch = ROOT / "results/benchmarks/fault_detection"
-    candidates = ["control", *SAMPLING_FAULTS]
+    settings = {"sampling": args.sampling, "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds,
+                "margin": args.margin}
+    config = study(**settings)
+    scratch = ROOT / "results/benchmarks/fault_detection" / f"{args.backend}-{args.sampling}-{args.dtype}"
+    candidates = ["control", *faults.SAMPLING]
     jobs = []
     for rep in range(args.reps):
-        base = 10_000 + 100 * rep  # seeds apart from the study's, one per check
-        jobs.append((args.backend, base, scratch / f"{rep}_reference.json"))
-        jobs.append((args.backend, base + 1, scratch / f"{rep}_control.json"))
-        jobs += [(f"{args.backend}+{fault}", base + 2 + i, scratch / f"{rep}_{fault}.json")
-                 for i, fault in enumerate(SAMPLING_FAULTS)]
+        base = args.first_seed + 100 * rep  # seeds apart from the study's, one per check
+        jobs.append((args.backend, base, scratch / f"{rep}_reference.json", settings, len(candidates)))
+        jobs.append((args.backend, base + 1, scratch / f"{rep}_control.json", settings, len(candidates)))
+        jobs += [(f"{args.backend}+{fault}", base + 2 + i, scratch / f"{rep}_{fault}.json", settings, len(candidates))
+                 for i, fault in enumerate(faults.SAMPLING)]
     start = time.perf_counter()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        files = list(pool.map(_check, jobs))
+    files = _run_all(jobs, args, start)
+    args.reps = len(files) // len(jobs[:len(candidates) + 1])  # the repetitions finished before the deadline
     counts = {c: dict.fromkeys((verdict.DIVERGENT, verdict.EQUIVALENT, verdict.INCONCLUSIVE), 0) for c in candidates}
     by_test = {c: {t: 0 for t in rollout_verdict.TESTS} for c in candidates}
-    width = 2 + len(SAMPLING_FAULTS)
+    stated = {c: [] for c in candidates}
+    width = len(candidates) + 1
     check = config["rollout_check"]
+    alpha = config["verdict"]["alpha"]
     for rep in range(args.reps):
         reference, *others = files[rep * width:(rep + 1) * width]
-        comparisons = [rollout_verdict.compare(reference, other, alpha=config["verdict"]["alpha"],
-                                               support_margin=check["support_margin"], margin_sd=check["margin"])
-                       for other in others]
-        rollout_verdict.finalize(comparisons, config["verdict"]["alpha"])
+        comparisons = [rollout_verdict.compare(reference, other, alpha=alpha, support_margin=check["support_margin"],
+                                               margin_sd=check["margin"]) for other in others]
+        rollout_verdict.finalize(comparisons, alpha)
+        tokens = sum(c["tokens"] for c in reference["completions"])
+        for row in power.statements(reference["profile"], tokens, alpha=alpha, family=comparisons[0]["family_size"]):
+            stated[row["fault"] or "control"].append(row)
         for name, comparison in zip(candidates, comparisons, strict=True):
             counts[name][comparison["verdict"]] += 1
             for test in rollout_verdict.TESTS:
                 by_test[name][test] += comparison["tests"][test]["verdict"] == verdict.DIVERGENT
     tokens = sum(c["tokens"] for f in files for c in f["completions"]) / len(files)
-    print(f"rollout check, tiny study, {args.backend}: {args.reps} repetitions, {config['rollout_check']['prompts']} "
-          f"prompts, {tokens:.0f} tokens per check, {time.perf_counter() - start:.0f} s")
+    rounds = sum(f["rounds"] for f in files) / len(files)
+    summary = {name: _stated(rows) for name, rows in stated.items()}
+    print(f"rollout check, tiny model, {args.backend}, {args.sampling} sampling {config['grpo']['temperature']} / min_p "
+          f"{config['grpo']['min_p']}, {args.dtype}{' on the GPU' if args.gpu else ''}: {args.reps} repetitions, "
+          f"{tokens:.0f} tokens and {rounds:.2f} rounds per check, {time.perf_counter() - start:.0f} s")
     print_table(("Divergent", "Equivalent", "Inconclusive"), "test", rollout_verdict.TESTS, counts, by_test, args)
-    Path(args.out).write_text(json.dumps({"reps": args.reps, "backend": args.backend, "tokens_per_check": tokens,
-                                          "counts": counts, "divergent_by_test": by_test}, indent=1) + "\n")
+    for name, row in summary.items():
+        print(f"  stated for {name}: {row}")
+    Path(args.out).write_text(json.dumps({
+        "reps": args.reps, "backend": args.backend, "sampling": {k: config["grpo"][k] for k in SAMPLING_KEYS},
+        "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds, "temperature_margin":
+        check["temperature_margin"], "tokens_per_check": tokens, "rounds_per_check": rounds, "counts": counts,
+        "divergent_by_test": by_test, "stated": summary, "environment": files[0]["environment"]}, indent=1) + "\n")
+
+
+def _run_all(jobs: list, args, start: float) -> list:
+    """Every check, JOBS at a time, a line per finished one; past --deadline seconds the checks not started are
+    dropped and only whole repetitions are kept (a call cut short still judges what it finished)."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    width = len(jobs) // args.reps
+    done: dict[int, dict] = {}
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending = {pool.submit(_check, job): i for i, job in enumerate(jobs)}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                i = pending.pop(future)
+                done[i] = future.result()
+                print(f"  {len(done)}/{len(jobs)} checks, {time.perf_counter() - start:.0f} s: {jobs[i][0]} seed "
+                      f"{jobs[i][1]}, {done[i]['rounds']} round(s), {sum(c['tokens'] for c in done[i]['completions'])} "
+                      f"tokens", flush=True)
+            if args.deadline and time.perf_counter() - start > args.deadline:
+                for future in pending:
+                    future.cancel()
+                pending = {f: i for f, i in pending.items() if not f.cancelled()}
+    whole = [rep for rep in range(args.reps) if all(rep * width + k in done for k in range(width))]
+    return [done[rep * width + k] for rep in whole for k in range(width)]
+
+
+def _stated(rows: list[dict]) -> dict:
+    """The reference checks' statements for one fault over the repetitions: its kinds, median power and tokens."""
+    import statistics
+
+    powers = [r["power"] for r in rows if r["power"] is not None]
+    needed = [r["tokens_needed"] for r in rows if r["tokens_needed"] is not None]
+    return {"kinds": sorted({r["kind"] for r in rows}), "median_power": statistics.median(powers) if powers else None,
+            "median_tokens_needed": statistics.median(needed) if needed else None,
+            "unreachable": sum(r["tokens_needed"] is None for r in rows)}
 
 
 if __name__ == "__main__":

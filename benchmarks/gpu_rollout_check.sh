@@ -8,15 +8,17 @@
 # Env: BACKENDS (space-separated, default all of the above), REFERENCE (default vllm), ORDER (rollout_check.order,
 # default transformers), CONTROL (1: also the reference at a second seed; default 1), STUDY (another study file,
 # e.g. studies/speed-4b.yaml, taken as it is but for these settings), PER_CALL (rollout_check.prompts_per_call),
-# ROUNDS (rollout_check.rounds: each prompt sampled ROUNDS x num_generations times, for more completions).
+# ROUNDS (rollout_check.rounds: the rounds before the check plans its size), MAX_ROUNDS (rollout_check.max_rounds: the
+# cap of the rounds it samples to reach its plan), JOBS_PER_GPU (gpu_sharing.jobs_per_gpu, with MEMORY_GB a job).
 set -euo pipefail
 out=${1:-results/gpu-rollout}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 python3 - "$out/study.yaml" "${BACKENDS:-}" "${ORDER:-transformers}" "${REFERENCE:-vllm}" "${STUDY:-}" \
-  "${PER_CALL:-}" "${ROUNDS:-}" <<'PY'
+  "${PER_CALL:-}" "${ROUNDS:-}" "${MAX_ROUNDS:-}" "${JOBS_PER_GPU:-}" "${MEMORY_GB:-}" <<'PY'
 import sys, yaml
 study, per_call, rounds = sys.argv[5] or "studies/tiny.yaml", sys.argv[6], sys.argv[7]
+max_rounds, jobs_per_gpu, memory_gb = sys.argv[8], sys.argv[9], sys.argv[10]
 config = yaml.safe_load(open(study))
 backends = sys.argv[2].split() or ["vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm",
                                    "vllm+temperature_up", "trl_vllm+no_min_p"]
@@ -25,6 +27,11 @@ if per_call:
     config["rollout_check"]["prompts_per_call"] = int(per_call)
 if rounds:
     config["rollout_check"]["rounds"] = int(rounds)
+if max_rounds:
+    config["rollout_check"]["max_rounds"] = int(max_rounds)
+if jobs_per_gpu:
+    config["gpu_sharing"] = {**config.get("gpu_sharing", {}), "jobs_per_gpu": int(jobs_per_gpu),
+                             "memory_gb": float(memory_gb or 40)}
 config.update(backends=backends, reference=sys.argv[4])
 if not sys.argv[5]:  # the H200 example's settings
     config.update(steps=[30], gpus_per_train_job=1, dtype="bfloat16", train_threads=4)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The rollout check's fault benchmark (benchmarks/fault_detection.py) on a GPU machine, a row per sampling and dtype:
+# the tiny study's sampling (temperature 1.0, min_p 0.05) and config.yaml's (temperature 0.1, min_p 0.5), each in
+# float32 and in bfloat16, every check sampling and scoring on the GPU (JOBS at once). Writes each row's JSON and log
+# to OUTDIR as it finishes (a call cut short keeps the rows done).
+# Usage: benchmarks/gpu_fault_detection.sh [OUTDIR]
+# Env: ROWS (default "tiny:float32 tiny:bfloat16 study:float32 study:bfloat16"), BACKEND (hf), REPS (20), JOBS (16),
+# MAX_ROUNDS (4), MARGIN (the score test's temperature margin, 0.1: the schema's default), DEADLINE (seconds after which a row starts no further check and judges the repetitions done; 0: none), ROW_TIMEOUT (seconds a row may take, default 900)
+set -uo pipefail
+out=${1:-results/gpu-faults}
+mkdir -p "$out"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+backend=${BACKEND:-hf}
+for row in ${ROWS:-tiny:float32 tiny:bfloat16 study:float32 study:bfloat16}; do
+  sampling=${row%%:*} dtype=${row##*:}
+  name="rollout-$backend-$sampling-$dtype"
+  timeout "${ROW_TIMEOUT:-900}" python3 benchmarks/fault_detection.py --gpu --reps "${REPS:-20}" --jobs "${JOBS:-16}" \
+    --backend "$backend" --sampling "$sampling" --dtype "$dtype" --max-rounds "${MAX_ROUNDS:-4}" --margin "${MARGIN:-0.1}" --deadline "${DEADLINE:-0}" \
+    --out "$out/$name.json" 2>&1 | grep -v -e "Loading weights" -e "Warning" -e "warn" > "$out/$name.log"
+  tail -12 "$out/$name.log"
+done
+bash benchmarks/versions.sh "$out/versions.txt"
