@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the first modules one to each worker, then the next module to whichever finishes): the longest first, so that the
 # workers finish together; while the first builds the primed tiny model and the tiny study's run that most whole-
 # workflow tests share, the others run modules that need neither.
-LONGEST_FIRST = ("test_workflow", "test_docs", "test_bad_inputs", "test_slurm", "test_rollout", "test_reliability",
+LONGEST_FIRST = ("test_workflow", "test_docs", "test_bad_inputs", "test_slurm", "test_rollout", "test_power",
+                 "test_reliability",
                  "test_reruns", "test_packing", "test_train", "test_native", "test_outside", "test_random_model",
                  "test_gpus")
 

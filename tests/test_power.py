@@ -123,7 +123,7 @@ def test_a_fault_that_cannot_change_what_is_sampled_is_named_so_not_counted_as_a
 @pytest.mark.parametrize("settings,fault", [(TINY, "temperature_up"), (STUDY, "temperature_down")],
                          ids=["T1.0-hot", "T0.1-cold"])
 def test_the_stated_power_is_the_detection_rate_measured(settings, fault):
-    """At the size where the check states a power near 60 %, 40 reports of a reference and the faulty sampler
+    """At the size where the check states a power near 60 %, 30 reports of a reference and the faulty sampler
     (float32) call the fault divergent about that often. At temperature 0.1 the shift comes from the few positions
     where a second token is within the min_p window: the plan's estimate from 100,000 positions varies by about a
     tenth, as a study's own does."""
@@ -136,13 +136,13 @@ def test_the_stated_power_is_the_detection_rate_measured(settings, fault):
     tokens = power._needed(lambda n: power.detection_power(rates, fault, n, level), target=0.6)
     stated = power.detection_power(rates, fault, tokens, level)
     found = 0
-    for _ in range(40):
+    for _ in range(30):
         reference = _check(_logits(tokens, 2.0, generator), settings, "float32", generator)
         candidate = _check(_logits(tokens, 2.0, generator), _faulty(fault, settings), "float32", generator)
         comparison = rollout_verdict.compare(reference, candidate, alpha=0.05, support_margin=0.001, margin_sd=0.1)
         rollout_verdict.finalize([comparison], 0.05)
         found += comparison["verdict"] == "divergent"
-    assert abs(found / 40 - stated) < 0.2, (found, stated, tokens)
+    assert abs(found / 30 - stated) < 0.22, (found, stated, tokens)
 
 
 def test_sampling_rounds_to_the_plan_keeps_the_false_alarm_rate_of_one_look():

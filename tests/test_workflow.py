@@ -127,6 +127,7 @@ def test_report_has_the_rollout_check_with_its_verdicts(study):
     """The rollout check of every backend and of the reference at a second seed, judged as the report says."""
     from grpo_equivalence.checks import rollout
     from grpo_equivalence.report import sections as report_module
+    from grpo_equivalence.training import faults
 
     report = (study / "results/grpo_equivalence.md").read_text()
     assert "## Rollout check at fixed weights" in report
@@ -139,6 +140,11 @@ def test_report_has_the_rollout_check_with_its_verdicts(study):
         assert row["Rollout verdict"].strip("*").startswith(comparison["verdict"])
         assert comparison["verdict"] != "divergent", comparison["tests"]  # every tiny backend samples as set
     assert all(sum(c["tokens"] for c in f["completions"]) > 10_000 for f in files)
+    # what the check can detect at these settings, per named sampling fault, from the reference's own file
+    power_rows = tables_headed(report, "Fault", "Effect at these settings", "Power here")[0]
+    assert [row["Fault"].split(":")[0] for row in power_rows] == [*faults.SAMPLING, "a correct sampler confirmed equivalent"]
+    for row, stated in zip(power_rows, section["power"], strict=True):
+        assert row["Power here"] == (f"{round(100 * stated['power'])} %" if stated["power"] is not None else "-")
 
 
 def test_hf_static_is_equivalent_to_hf(study):
