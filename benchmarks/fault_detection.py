@@ -158,8 +158,8 @@ def main() -> None:
     tokens = sum(c["tokens"] for f in files for c in f["completions"]) / len(files)
     rounds = sum(f["rounds"] for f in files) / len(files)
     summary = {name: _stated(rows) for name, rows in stated.items()}
-    print(f"rollout check, tiny model, {args.backend}, {args.sampling} sampling {config['grpo']['temperature']} / min_p "
-          f"{config['grpo']['min_p']}, {args.dtype}{' on the GPU' if args.gpu else ''}: {args.reps} repetitions, "
+    print(f"rollout check, tiny model, {args.backend}, {args.sampling} sampling {config['grpo']['temperature']} / "
+          f"min_p {config['grpo']['min_p']}, {args.dtype}{' on the GPU' if args.gpu else ''}: {args.reps} repetitions, "
           f"{tokens:.0f} tokens and {rounds:.2f} rounds per check, {time.perf_counter() - start:.0f} s")
     print_table(("Divergent", "Equivalent", "Inconclusive"), "test", rollout_verdict.TESTS, counts, by_test, args)
     for name, row in summary.items():

@@ -103,7 +103,8 @@ def test_a_sampler_ignoring_min_p_at_temperature_0_1_is_clearly_outside_where_th
     new = scoring.completion_sums(scoring.score_tokens(scorer, tokens, STUDY, rounding=scoring.ROUNDING["bfloat16"],
                                                        margin=0.05))
     band_at_old_tolerance = 0.25 / scorer.amax(-1).abs().clamp_min(1.0).mean().item()
-    old = scoring.completion_sums(scoring.score_tokens(scorer, tokens, STUDY, rounding=band_at_old_tolerance, margin=0.05))
+    old = scoring.completion_sums(scoring.score_tokens(scorer, tokens, STUDY, rounding=band_at_old_tolerance,
+                                                       margin=0.05))
     assert new["outside_clear"] > 500 and old["outside_clear"] < new["outside_clear"] / 5, (new, old)
 
 
@@ -177,7 +178,8 @@ def test_sampling_rounds_to_the_plan_keeps_the_false_alarm_rate_of_one_look():
     for _ in range(100):
         (reference, r1), (candidate, r2) = sequential()
         sizes |= {r1, r2}
-        test = rollout_verdict.score_test(rollout_verdict.totals(reference), rollout_verdict.totals(candidate), alpha=0.05)
+        test = rollout_verdict.score_test(rollout_verdict.totals(reference), rollout_verdict.totals(candidate),
+                                          alpha=0.05)
         alarms += test["p_value"] < 0.05
     assert alarms / 100 < 0.05 + 2 * math.sqrt(0.05 * 0.95 / 100), alarms
     assert len(sizes) > 1, sizes

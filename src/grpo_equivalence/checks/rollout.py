@@ -65,8 +65,6 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
           log=print) -> dict:
     """Samples the rollout check's prompts through `backend_name`'s rollout path, a round at a time, scores each
     round, and stops once the tokens reach the plan (power.plan) or the study's cap; writes the scored file."""
-    import torch
-
     from ..training.session import session
 
     check_settings = rollout_check_settings(config.get("rollout_check"))

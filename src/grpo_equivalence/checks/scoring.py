@@ -70,7 +70,8 @@ def alternatives(settings: dict, margin: float) -> dict:
             **{name: faults.sampler_settings(name, settings) for name in faults.SAMPLING}}
 
 
-def score_tokens(logits, tokens, settings: dict, *, rounding: float, margin: float, order: str = "transformers") -> dict:
+def score_tokens(logits, tokens, settings: dict, *, rounding: float, margin: float,
+                 order: str = "transformers") -> dict:
     """Per position of `logits` (T, V) as the scorer's model gives them for predicting `tokens` (T,): lists of
     log q(x), entropy H of q, variance of log q under q, outside (strict), outside_clear, decided, and per
     alternative (alternatives()) {shift, variance, outside, changed}."""
@@ -116,9 +117,9 @@ def score_tokens(logits, tokens, settings: dict, *, rounding: float, margin: flo
         mass = inside.sum(-1)
         conditional = inside / mass.clamp_min(1e-30)[:, None]
         shift = (conditional * centred).sum(-1)
+        spread = ((conditional * centred ** 2).sum(-1) - shift ** 2).clamp_min(0.0)
         out[name] = {"shift": torch.where(decided, shift, torch.zeros_like(shift)).tolist(),
-                     "variance": torch.where(decided, ((conditional * centred ** 2).sum(-1) - shift ** 2).clamp_min(0.0),
-                                             torch.zeros_like(shift)).tolist(),
+                     "variance": torch.where(decided, spread, torch.zeros_like(shift)).tolist(),
                      "outside": (p * clear_all).sum(-1).tolist(),
                      "changed": (0.5 * (p - q).abs().sum(-1)).tolist()}
     return out
