@@ -96,8 +96,9 @@ def score_test(ref: dict, cand: dict, *, alpha: float) -> dict:
 
     if cand["scored"] == 0 or ref["scored"] == 0 or ref["variance"] + cand["variance"] == 0:
         # no decided position where the settings leave a choice: nothing the rounding does not decide
-        return {"p_value": 1.0, "difference": 0.0, "se": 0.0, "z": 0.0, "margin": 0.0, "margins": [0.0, 0.0],
-                "equivalent": False, "no_variation": True, "reference_z": 0.0, "candidate_z": 0.0,
+        # nothing measured: the figures are None (the report prints "not logged"), never 0
+        return {"p_value": 1.0, "difference": None, "se": None, "z": None, "margin": None, "margins": [None, None],
+                "equivalent": False, "no_variation": True, "reference_z": None, "candidate_z": None,
                 "reason": "no position where the settings leave a choice and the rounding does not decide it"}
     means = [run["score"] / run["scored"] for run in (ref, cand)]
     se = math.sqrt(ref["variance"] / ref["scored"] ** 2 + cand["variance"] / cand["scored"] ** 2)
