@@ -161,12 +161,7 @@ def test_sampling_rounds_to_the_plan_keeps_the_false_alarm_rate_of_one_look():
             while True:
                 part = _check(_logits(500, 1.0, generator), TINY, "float32", generator, margin=0.25)
                 completions += part["completions"]
-                for name in profile:
-                    if name != "effects":
-                        profile[name] += part["profile"][name]
-                for name, values in part["profile"]["effects"].items():
-                    for key, value in values.items():
-                        profile["effects"][name][key] += value
+                power.merge(profile, part["profile"])
                 rounds += 1
                 planned = power.plan(profile, alpha=0.05, family=2)
                 if rounds >= 10 or planned["tokens"] is None or profile["tokens"] >= planned["tokens"]:

@@ -55,6 +55,11 @@ def add(profile: dict, completion: dict, effects: dict | None = None) -> None:
             profile["effects"][name][key] += value
 
 
+def merge(profile: dict, other: dict) -> None:
+    """`other`'s sums (a profile of further rounds) into `profile`."""
+    add(profile, other, other["effects"])
+
+
 def per_token(profile: dict) -> dict:
     """The profile's rates: per token sampled (rates) and per scored position (means, variances)."""
     n, m = max(profile["tokens"], 1), max(profile["scored"], 1)
