@@ -4,18 +4,21 @@
 # float32 and in bfloat16, every check sampling and scoring on the GPU (JOBS at once). Writes each row's JSON and log
 # to OUTDIR as it finishes (a call cut short keeps the rows done).
 # Usage: benchmarks/gpu_fault_detection.sh [OUTDIR]
-# Env: ROWS (default "tiny:float32 tiny:bfloat16 study:float32 study:bfloat16"), BACKEND (hf), REPS (20), JOBS (16),
-# MAX_ROUNDS (4), MARGIN (the score test's temperature margin, 0.1: the schema's default), DEADLINE (seconds after which a row starts no further check and judges the repetitions done; 0: none), ROW_TIMEOUT (seconds a row may take, default 900)
+# Env: ROWS (default "tiny:float32 tiny:bfloat16 study:float32 study:bfloat16"; SAMPLING:DTYPE:ROUNDS caps a row's
+# rounds), BACKEND (hf), REPS (20), JOBS (16),
+# MAX_ROUNDS (4), MARGIN (the score test's temperature margin, 0.1: the schema's default), DEADLINE (seconds after which a row starts no further check and judges the repetitions done; 0: none), ROW_TIMEOUT (seconds a row may take, default 900), PER_CALL (prompts per generation call; default the study's 50)
 set -uo pipefail
 out=${1:-results/gpu-faults}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 backend=${BACKEND:-hf}
 for row in ${ROWS:-tiny:float32 tiny:bfloat16 study:float32 study:bfloat16}; do
-  sampling=${row%%:*} dtype=${row##*:}
+  # a row is SAMPLING:DTYPE, or SAMPLING:DTYPE:ROUNDS with its own cap on the rounds
+  IFS=: read -r sampling dtype rounds <<<"$row"
   name="rollout-$backend-$sampling-$dtype"
   timeout "${ROW_TIMEOUT:-900}" python3 benchmarks/fault_detection.py --gpu --reps "${REPS:-20}" --jobs "${JOBS:-16}" \
-    --backend "$backend" --sampling "$sampling" --dtype "$dtype" --max-rounds "${MAX_ROUNDS:-4}" --margin "${MARGIN:-0.1}" --deadline "${DEADLINE:-0}" \
+    --backend "$backend" --sampling "$sampling" --dtype "$dtype" --max-rounds "${rounds:-${MAX_ROUNDS:-4}}" --margin "${MARGIN:-0.1}" --deadline "${DEADLINE:-0}" \
+    ${PER_CALL:+--per-call "$PER_CALL"} \
     --out "$out/$name.json" 2>&1 | grep -v -e "Loading weights" -e "Warning" -e "warn" > "$out/$name.log"
   tail -12 "$out/$name.log"
 done
