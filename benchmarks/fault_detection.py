@@ -91,8 +91,8 @@ def arguments(description: str, reps: int, out: str) -> argparse.ArgumentParser:
     parser.add_argument("--gpu", action="store_true", help="sample and score on the GPU (every check shares it)")
     parser.add_argument("--max-rounds", type=int, default=1, help="the cap on each check's rounds")
     parser.add_argument("--first-seed", type=int, default=10_000, help="the first repetition's reference seed")
-    parser.add_argument("--deadline", type=float, default=None, help="seconds after which no further check starts; "
-                        "the repetitions finished are judged")
+    parser.add_argument("--deadline", type=float, default=None, help="seconds after which the checks still running "
+                        "are dropped and the whole repetitions finished are judged")
     parser.add_argument("--margin", type=float, default=None, help="the score test's temperature margin (default: "
                         "the study's)")
     parser.add_argument("--per-call", type=int, default=None, help="prompts per generation call (default: the "
@@ -141,6 +141,8 @@ def main() -> None:
     start = time.perf_counter()
     files = _run_all(jobs, args, start)
     args.reps = len(files) // len(jobs[:len(candidates) + 1])  # the repetitions finished before the deadline
+    if not files:
+        raise SystemExit(f"no repetition finished within the deadline of {args.deadline} s: give it more time")
     counts = {c: dict.fromkeys((verdict.DIVERGENT, verdict.EQUIVALENT, verdict.INCONCLUSIVE), 0) for c in candidates}
     by_test = {c: {t: 0 for t in rollout_verdict.TESTS} for c in candidates}
     stated = {c: [] for c in candidates}
@@ -171,31 +173,39 @@ def main() -> None:
     Path(args.out).write_text(json.dumps({
         "reps": args.reps, "backend": args.backend, "sampling": {k: config["grpo"][k] for k in SAMPLING_KEYS},
         "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds, "temperature_margin":
-        check["temperature_margin"], "prompts_per_call": check["prompts_per_call"], "tokens_per_check": tokens, "rounds_per_check": rounds, "counts": counts,
+        check["temperature_margin"], "prompts_per_call": check["prompts_per_call"], "tokens_per_check": tokens,
+        "rounds_per_check": rounds, "counts": counts,
         "divergent_by_test": by_test, "stated": summary, "environment": files[0]["environment"]}, indent=1) + "\n")
 
 
 def _run_all(jobs: list, args, start: float) -> list:
-    """Every check, JOBS at a time, a line per finished one; past --deadline seconds the checks not started are
-    dropped and only whole repetitions are kept (a call cut short still judges what it finished)."""
+    """Every check, JOBS at a time, a line per finished one. Past --deadline seconds the row stops: checks still
+    running are abandoned (their processes ended) and only whole repetitions are kept, so that a row always ends
+    with its figures within the deadline and the time one check takes."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     width = len(jobs) // args.reps
     done: dict[int, dict] = {}
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pending = {pool.submit(_check, job): i for i, job in enumerate(jobs)}
+    pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
+    pending = {pool.submit(_check, job): i for i, job in enumerate(jobs)}
+    try:
         while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            left = args.deadline - (time.perf_counter() - start) if args.deadline else None
+            if left is not None and left <= 0:
+                print(f"  deadline of {args.deadline:.0f} s: {len(pending)} checks not finished dropped", flush=True)
+                break
+            finished, _ = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
             for future in finished:
                 i = pending.pop(future)
                 done[i] = future.result()
                 print(f"  {len(done)}/{len(jobs)} checks, {time.perf_counter() - start:.0f} s: {jobs[i][0]} seed "
                       f"{jobs[i][1]}, {done[i]['rounds']} round(s), {sum(c['tokens'] for c in done[i]['completions'])} "
                       f"tokens", flush=True)
-            if args.deadline and time.perf_counter() - start > args.deadline:
-                for future in pending:
-                    future.cancel()
-                pending = {f: i for f, i in pending.items() if not f.cancelled()}
+    finally:
+        processes = list((pool._processes or {}).values())  # the executor has no public way to stop a running call
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
     whole = [rep for rep in range(args.reps) if all(rep * width + k in done for k in range(width))]
     return [done[rep * width + k] for rep in whole for k in range(width)]
 

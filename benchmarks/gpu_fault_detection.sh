@@ -6,7 +6,7 @@
 # Usage: benchmarks/gpu_fault_detection.sh [OUTDIR]
 # Env: ROWS (default "tiny:float32 tiny:bfloat16 study:float32 study:bfloat16"; SAMPLING:DTYPE:ROUNDS caps a row's
 # rounds), BACKEND (hf), REPS (20), JOBS (16),
-# MAX_ROUNDS (4), MARGIN (the score test's temperature margin, 0.1: the schema's default), DEADLINE (seconds after which a row starts no further check and judges the repetitions done; 0: none), ROW_TIMEOUT (seconds a row may take, default 900), PER_CALL (prompts per generation call; default the study's 50)
+# MAX_ROUNDS (4), MARGIN (the score test's temperature margin, 0.1: the schema's default), DEADLINE (seconds after which a row drops the checks still running and judges the whole repetitions done; 0: none), ROW_TIMEOUT (seconds a row may take, default 900), PER_CALL (prompts per generation call; default the study's 50)
 set -uo pipefail
 out=${1:-results/gpu-faults}
 mkdir -p "$out"

@@ -76,10 +76,18 @@ def _support_count(reference: int, level: float) -> int:
     beside `reference` tokens outside, with as many tokens sampled by each."""
     from scipy.stats import binom
 
-    k = 1
-    while binom.sf(k - 1, k + reference, 0.5) >= level:
-        k += 1
-    return k
+    # P(count >= k) = P(Bin(k + reference, 1/2) <= reference) falls as k grows: bisect (k is near reference +
+    # z sqrt(2 reference), hundreds of thousands at the sizes a plan tries)
+    def divergent(k: int) -> bool:
+        return binom.sf(k - 1, k + reference, 0.5) < level
+
+    low, high = 0, 1
+    while not divergent(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if divergent(middle) else (middle, high)
+    return high
 
 
 def detection_power(rates: dict, fault: str, tokens: int, level: float) -> float:
