@@ -124,6 +124,59 @@ def test_rollout_checks_scored_before_the_rounding_band_are_kept_as_records_and_
     assert len(ref["completions"]) == len(cand["completions"]) == 512
 
 
+def test_the_4b_rollout_check_rerun_at_its_plan_finds_native_drawing_outside_the_support_more_than_hf():
+    """docs/performance/rollout-native-4b-rerun: the 4B check of native against hf with the rounding band, in one
+    look. The plan is unreachable at these settings (temperature 0.1, min_p 0.5, bfloat16: the temperature faults
+    act only where the rounding decides), so each side sampled one round; native draws 2.6 times hf's tokens
+    clearly outside the support."""
+    from grpo_equivalence.checks import power, rollout, rollout_verdict
+
+    folder = ROOT / "docs" / "performance" / "rollout-native-4b-rerun" / "rollout"
+    ref, cand = (rollout.load(folder / f"{b}.json.gz") for b in ("hf", "native"))
+    assert ref["rounds"] == cand["rounds"] == 1 and ref["plan"]["tokens"] is None and ref["max_rounds"] == 4
+    assert ref["dtype"] == "bfloat16" and ref["tolerance"] == 2.0 ** -6
+    comparison = rollout_verdict.compare(ref, cand, alpha=0.05, support_margin=0.001, margin_sd=0.1)
+    rollout_verdict.finalize([comparison], 0.05)
+    clear = [sum(c["outside_clear"] for c in run["completions"]) for run in (ref, cand)]
+    assert clear == [162, 420] and sum(c["tokens"] for c in ref["completions"]) == 131_072
+    assert comparison["verdict"] == "divergent" and comparison["tests"]["support"]["p_value"] < 1e-20
+    assert comparison["tests"]["score"]["verdict"] == rollout_verdict.NO_VARIATION
+    kinds = {fault: planned["kind"] for fault, planned in ref["plan"]["faults"].items()}
+    assert kinds["temperature_up"] == kinds["temperature_down"] == power.ROUNDING_ONLY
+    assert kinds["no_min_p"] == power.DETECTABLE
+
+
+def test_the_rollout_checks_fault_table_is_its_h200_files():
+    """docs/rollout-check.md's table of injected faults, cell for cell from docs/faults/h200/*.json; and the rates
+    it claims: every fault the check states detectable divergent in at least 90 % of the reports, the control in
+    at most one."""
+    import json
+
+    from grpo_equivalence.checks import power
+
+    table = (ROOT / "docs" / "rollout-check.md").read_text()
+    labels = {("tiny", "float32"): "float32, tiny sampling (T 1.0, min_p 0.05)", ("tiny", "bfloat16"): "bfloat16, tiny "
+              "sampling", ("study", "float32"): "float32, `config.yaml`'s (T 0.1, min_p 0.5)",
+              ("study", "bfloat16"): "bfloat16, `config.yaml`'s"}
+    for (sampling, dtype), label in labels.items():
+        result = json.loads((ROOT / "docs" / "faults" / "h200" / f"rollout-hf-{sampling}-{dtype}.json").read_text())
+        reps = result["reps"]
+
+        def cell(name):
+            counts = result["counts"][name]
+            shares = f"{100 * counts['divergent'] / reps:.0f} / {100 * counts['equivalent'] / reps:.0f} %"
+            kinds = result["stated"][name]["kinds"]
+            return shares if name == "control" or kinds == [power.DETECTABLE] else f"{kinds[0]} ({shares})"
+
+        cells = [cell(name) for name in ("control", "temperature_up", "temperature_down", "no_min_p", "no_top_k")]
+        rounds = f"{result['rounds_per_check']:.0f} ({round(result['tokens_per_check'], -2):,.0f})"
+        assert f"| {label} | {reps} | {rounds} | {' | '.join(cells)} |" in table, (label, cells, rounds)
+        assert result["counts"]["control"]["divergent"] <= 1 and result["gpu"] and result["temperature_margin"] == 0.1
+        for name, stated in result["stated"].items():
+            if stated["kinds"] == [power.DETECTABLE]:
+                assert result["counts"][name]["divergent"] >= 0.9 * reps, (label, name)
+
+
 def test_the_h200_rollout_check_covers_every_backend():
     from grpo_equivalence.analysis import stats
 

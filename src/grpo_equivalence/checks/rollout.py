@@ -110,8 +110,9 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
                 power.add(profile, sums, effects)
             rounds += 1
             planned = power.plan(profile, alpha=alpha, family=family)
-            log(f"[{backend_name}] {profile['tokens']} tokens after {rounds} round(s); the plan: "
-                f"{planned['tokens'] if planned['tokens'] is not None else 'not reachable'} tokens")
+            log(f"[{backend_name}] {profile['tokens']} tokens after {rounds} round(s); the plan: " + (
+                f"{planned['tokens']} tokens" if planned["tokens"] is not None else
+                "none (no size confirms or detects all it should here: more rounds would not change that)"))
             if rounds >= check_settings["max_rounds"] or (rounds >= check_settings["rounds"] and (
                     planned["tokens"] is None or profile["tokens"] >= planned["tokens"])):
                 break
@@ -230,7 +231,9 @@ def load(path) -> dict:
         if key not in run:
             raise stats.StatsError(f"{path}: lacks {key}; rerun its rollout_check job")
     for i, completion in enumerate(run["completions"]):
-        bad = [k for k in COMPLETION_KEYS if not isinstance(completion.get(k), (int, float)) or isinstance(completion.get(k), bool)]
+        bad = [k for k in COMPLETION_KEYS
+               if not isinstance(completion.get(k), (int, float)) or isinstance(completion.get(k), bool)]
         if bad:
-            raise stats.StatsError(f"{path}: completion {i} has no number for {', '.join(bad)}; rerun its rollout_check job")
+            raise stats.StatsError(f"{path}: completion {i} has no number for {', '.join(bad)}; "
+                                   "rerun its rollout_check job")
     return run
