@@ -162,7 +162,7 @@ def test_the_rollout_checks_fault_table_is_its_h200_files():
         result = json.loads((ROOT / "docs" / "faults" / "h200" / f"rollout-hf-{sampling}-{dtype}.json").read_text())
         reps = result["reps"]
 
-        def cell(name):
+        def cell(name, result=result, reps=reps):
             counts = result["counts"][name]
             shares = f"{100 * counts['divergent'] / reps:.0f} / {100 * counts['equivalent'] / reps:.0f} %"
             kinds = result["stated"][name]["kinds"]
