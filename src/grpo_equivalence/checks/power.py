@@ -26,6 +26,7 @@ measures the false alarms of this design on synthetic samplers).
 """
 
 import math
+from statistics import NormalDist
 
 TARGET = 0.8  # the power the plan aims for, for each detectable fault and for confirming a correct sampler
 NO_EFFECT = 1e-6  # total variation per token below which a fault changes nothing at these settings
@@ -33,23 +34,9 @@ DETECTABLE, NO_CHANGE, ROUNDING_ONLY = "detectable", "no effect", "only where ro
 _MOST = 10 ** 12  # tokens beyond which the plan says "not reachable"
 
 
-# The distributions as plain functions: a plan evaluates them some hundred thousand times (each size its bisection
+# The standard normal as a plain function: a plan evaluates it some hundred thousand times (each size its bisection
 # tries, per fault), where scipy.stats' frozen-distribution calls cost about 70 microseconds each.
-class _Normal:
-    def __init__(self):
-        from statistics import NormalDist
-
-        self._dist = NormalDist()
-
-    def cdf(self, x: float) -> float:
-        return self._dist.cdf(x)
-
-    def ppf(self, p: float) -> float:
-        return self._dist.inv_cdf(p)
-
-
-def _norm() -> _Normal:
-    return _Normal()
+NORMAL = NormalDist()
 
 
 def empty_profile(names) -> dict:
@@ -112,7 +99,7 @@ def detection_power(rates: dict, fault: str, tokens: int, level: float) -> float
     score = 0.0
     spread = rates["null_variance"] + effect["variance"]
     if positions > 0 and spread > 0 and effect["shift"] != 0:
-        norm, crit = _norm(), _norm().ppf(1 - level / 2)
+        norm, crit = NORMAL, NORMAL.inv_cdf(1 - level / 2)
         ratio = abs(effect["shift"]) / math.sqrt(spread / positions)
         score = float(norm.cdf(ratio - crit) + norm.cdf(-ratio - crit))
     reference = round(tokens * rates["outside"])
@@ -128,8 +115,8 @@ def equivalence_power(rates: dict, tokens: int, alpha: float) -> float:
     (hot, hot_var), (cold, cold_var) = rates["hot"], rates["cold"]
     if positions <= 0 or rates["null_variance"] <= 0 or hot >= 0 or cold <= 0:
         return 0.0
-    norm = _norm()
-    crit = norm.ppf(1 - alpha)
+    norm = NORMAL
+    crit = norm.inv_cdf(1 - alpha)
     se = math.sqrt(2 * rates["null_variance"] / positions)
     low = hot + crit * math.sqrt((rates["null_variance"] + hot_var) / positions)
     high = cold - crit * math.sqrt((rates["null_variance"] + cold_var) / positions)
