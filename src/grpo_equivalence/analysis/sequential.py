@@ -52,15 +52,15 @@ def look(runs: int, alpha: float = ALPHA) -> dict:
 
 @lru_cache(maxsize=4096)
 def t_quantile(p: float, df: int) -> float:
-    from scipy.stats import t
+    from scipy.special import stdtrit  # the t distribution's quantile, without scipy.stats' per-call overhead
 
-    return float(t.ppf(p, df))
+    return float(stdtrit(df, p))
 
 
 def two_sided_p(t_value: float, df: int) -> float:
-    from scipy.stats import t
+    from scipy.special import stdtr  # the t distribution's cdf: a microsecond where scipy.stats' t.sf takes 70
 
-    return float(2 * t.sf(abs(t_value), df))
+    return float(2 * stdtr(df, -abs(t_value)))
 
 
 @lru_cache(maxsize=4096)
