@@ -13,7 +13,14 @@ them). For several numbers of runs per backend, prints:
   (power), of a headline metric and of another, with six metrics judged together;
 and the planned looks taken as a user takes them (runs added, judged at each look until a verdict).
 
-    python benchmarks/verdict_calibration.py [TRIALS]   (default 4000; the shift search uses TRIALS / 4)
+First, the grid (calibration.grid_rates, GRID_TRIALS comparisons a cell): every correlation of the paired runs from
+-0.3 to 0.9 and candidate-to-reference variance ratio from 0.25 to 4, read at every planned look: how often a
+correct candidate's family of nine tests is called divergent, and, per margin (1 reference seed SD, estimated as the
+verdict does; a fixed margin of 1 reference SD), how often a test at exactly the margin is called equivalent and how
+often a correct candidate's test is equivalent by the last look.
+
+    python benchmarks/verdict_calibration.py [TRIALS] [GRID_TRIALS]   (defaults 4000 and 20000; the shift search uses
+    TRIALS / 4; TRIALS 0 prints the grid alone)
 """
 
 import math
@@ -30,8 +37,24 @@ HEADLINE = len(verdict.HEADLINE)  # kl, reward, completion_length
 DESIGNS = tuple((n, n) for n in verdict.LOOKS)
 
 
+def grid(trials: int) -> None:
+    print(f"grid: {trials} comparisons a cell, alpha {verdict.ALPHA}, looks {'/'.join(map(str, verdict.LOOKS))}, "
+          f"a family of {calibration.FAMILY} tests ({calibration.HEADLINE_TESTS} headline)")
+    print("correlation | variance ratio | divergent, correct candidate | sd 1: equivalent at the margin | sd 1: "
+          "equivalent by the last look | fixed: equivalent at the margin | fixed: equivalent by the last look")
+    for correlation in calibration.CORRELATIONS:
+        for ratio in calibration.VARIANCE_RATIOS:
+            r = calibration.grid_rates(correlation=correlation, variance_ratio=ratio, trials=trials, seed=20261204)
+            cells = [r["false_divergent"]] + [r[m][k] for m in ("sd 1", "absolute 1")
+                                              for k in ("false_equivalent", "equivalent_at_last")]
+            print(f"{correlation:g} | {ratio:g} | " + " | ".join(f"{100 * c:.2f} %" for c in cells), flush=True)
+
+
 def main() -> None:
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
+    grid(int(sys.argv[2]) if len(sys.argv) > 2 else 20000)
+    if not trials:
+        return
     process = calibration.Process()
     at_margin = verdict.MARGIN * math.sqrt(2)  # the margin, in run-mean standard deviations
     print(f"synthetic runs: {process}; {trials} trials per figure, alpha {verdict.ALPHA}, margin {verdict.MARGIN}")

@@ -196,3 +196,13 @@ def test_each_comparison_is_its_own_holm_family():
     for metric in verdict.METRICS:
         assert in_report["hf_static"][metric]["verdict"]["verdict"] == alone[metric]["verdict"]["verdict"], metric
     assert statistics.fmean([in_report[c]["kl"]["verdict"]["difference"] for c in in_report]) == pytest.approx(1.0)
+
+
+def test_the_report_states_each_margin_in_words_and_its_report_wide_false_divergent_chance(stats_dir):
+    for steps in (5, 8):
+        stats.write(stats_dir / f"grpo_hf_{steps}.json", make_stats("hf", steps, wall=lambda i: 3.0))
+    text = from_stats_dir(stats_dir, "vllm", margins={"reward": {"absolute": 0.2}})
+    assert "kl within 1.5x; grad_norm within 1.25x" in text and "reward within 0.2;" in text
+    assert "loss within 1 SD of a seed-to-seed difference of the reference" in text
+    # two candidates, each its own family at alpha 0.05: at most 10 %, 9.75 % were they independent
+    assert "with 2 candidates, each at alpha 0.05" in text and "at most\n10.0 % (9.8 % were the candidates" in text

@@ -91,8 +91,10 @@ def test_template_changed_only_the_report(project, edit):
     assert plan(project) == {("render_report", "results/grpo_equivalence.md")}
 
 
-def test_comparison_code_changed_comparisons_and_report_no_training(project, edit):
-    edit("src/grpo_equivalence/analysis/compare.py", lambda t: t + "\n# a comment changes the content\n")
+@pytest.mark.parametrize("changed", ["src/grpo_equivalence/analysis/compare.py",
+                                     "src/grpo_equivalence/analysis/boundaries.json"])  # data the verdict reads
+def test_comparison_code_changed_comparisons_and_report_no_training(project, edit, changed):
+    edit(changed, lambda t: t + ("\n# a comment changes the content\n" if changed.endswith(".py") else "\n"))
     assert rules(plan(project)) == {"compare": CANDIDATES * len(STEPS), "render_report": 1}
 
 

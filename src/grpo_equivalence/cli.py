@@ -1,6 +1,7 @@
 """Console scripts: each stage of the workflow on statistics files made anywhere."""
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -45,20 +46,30 @@ def summarise_main(argv=None):
     _run(lambda: _write(stats.to_json(summarise(stats.load(args.stats), args.skip)), args.output, args.force))
 
 
+def _verdict_arguments(parser) -> None:
+    """How a difference is judged: the study's verdict section, on the command line."""
+    parser.add_argument("--alpha", type=float, default=verdict.ALPHA, help="error rate of each verdict (default: %(default)s)")
+    parser.add_argument("--margin", type=float, default=verdict.MARGIN, help="largest difference still equivalent, in "
+                        "standard deviations of a seed-to-seed difference of the reference, for the metrics without "
+                        "a margin of their own (default: %(default)s)")
+    parser.add_argument("--margins", type=json.loads, default=None, help="each metric's own margin, as a study's "
+                        "verdict.margins sets it, in JSON: '{\"kl\": {\"ratio\": 1.25}, \"reward\": {\"absolute\": 0.05}}' "
+                        "(default: kl within 1.5x, grad_norm 1.25x)")
+
+
 def compare_main(argv=None):
     parser = argparse.ArgumentParser(prog="grpo-compare", description="A candidate's runs against the reference's at one "
                                      "step count: step by step, against the reference's seed-to-seed noise, with a verdict per metric.")
     parser.add_argument("--ref", required=True, nargs="+", help="the reference's statistics files, the study's seed first, "
                         "then its replicates (at least 2 runs for a noise floor)")
     parser.add_argument("--candidate", required=True, nargs="+", help="the candidate's statistics files, the study's seed first")
-    parser.add_argument("--alpha", type=float, default=verdict.ALPHA, help="error rate of each verdict (default: %(default)s)")
-    parser.add_argument("--margin", type=float, default=verdict.MARGIN, help="largest difference still equivalent, in "
-                        "standard deviations of a seed-to-seed difference (default: %(default)s)")
+    _verdict_arguments(parser)
     parser.add_argument("-o", "--output", help="write the comparison JSON here (default: stdout)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     args = parser.parse_args(argv)
     _run(lambda: _write(stats.to_json(compare([stats.load(p) for p in args.ref], [stats.load(p) for p in args.candidate],
-                                              alpha=args.alpha, margin=args.margin)), args.output, args.force))
+                                              alpha=args.alpha, margin=args.margin, margins=args.margins)),
+                        args.output, args.force))
 
 
 def report_main(argv=None):
@@ -67,9 +78,7 @@ def report_main(argv=None):
     parser.add_argument("--reference", required=True, help="the backend every other one is compared with")
     parser.add_argument("-o", "--output", help="write the Markdown report here (default: stdout)")
     parser.add_argument("--skip", type=int, default=DEFAULT_SKIP, help="warm-up steps left out of the median (default: %(default)s)")
-    parser.add_argument("--alpha", type=float, default=verdict.ALPHA, help="error rate of each verdict (default: %(default)s)")
-    parser.add_argument("--margin", type=float, default=verdict.MARGIN, help="largest difference still equivalent, in "
-                        "standard deviations of a seed-to-seed difference (default: %(default)s)")
+    _verdict_arguments(parser)
     parser.add_argument("--template", type=Path, default=render.TEMPLATE, help="Jinja template (default: %(default)s)")
     parser.add_argument("--figures", help="link the workflow's figures found in this folder (curves_<steps>.png, "
                         "speed_memory.png)")
@@ -83,6 +92,7 @@ def report_main(argv=None):
     report_dir = Path(args.output).parent if args.output else Path.cwd()
     _run(lambda: _write(render.from_stats_dir(
         Path(args.stats_dir), args.reference, args.skip, args.template, alpha=args.alpha, margin=args.margin,
+        margins=args.margins,
         figures=render.figures_in(Path(args.figures), report_dir) if args.figures else None,
         rollout=sections.rollout_from_dir(Path(args.rollout), args.reference, alpha=args.alpha) if args.rollout else None),
         args.output, args.force))

@@ -7,4 +7,5 @@ from grpo_equivalence.runtime import jobs
 
 a = jobs.arguments()
 reference, candidate = ([stats.load(p) for p in a[role]] for role in ("reference", "candidate"))
-stats.write_text(a["out"], stats.to_json(compare(reference, candidate, alpha=a["alpha"], margin=a["margin"])))
+stats.write_text(a["out"], stats.to_json(compare(reference, candidate, alpha=a["alpha"], margin=a["margin"],
+                                                            margins=a.get("margins"))))

@@ -17,6 +17,7 @@ text = render.render(summaries=[json.loads(Path(p).read_text()) for p in a["summ
                      comparisons=[json.loads(Path(p).read_text()) for p in a["comparisons"]],
                      reference=a["reference"], runs=runs.load_runs(a["stats"]), figures=figures,
                      alpha=a["verdict"]["alpha"], margin=a["verdict"]["margin"],
+                     margins=a["verdict"].get("margins"),
                      rollout=sections.rollout_section([rollout.load(p) for p in a["rollout"]], a["reference"],
                                                     alpha=a["verdict"]["alpha"], settings=a["rollout_check"]))
 stats.write_text(out, text)

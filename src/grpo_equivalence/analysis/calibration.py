@@ -13,7 +13,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from . import verdict
+from . import sequential, verdict
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class Process:
 
 
 def rates(process: Process, *, shift_sd: float, reference_runs: int, candidate_runs: int, trials: int,
-          seed: int = 0, alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, tests: float = 1) -> dict[str, float]:
+          seed: int = 0, alpha: float = verdict.ALPHA, margin: float | dict = verdict.MARGIN,
+          tests: float = 1) -> dict[str, float]:
     """The share of each verdict over `trials` synthetic comparisons of one metric, the candidate shifted by
     `shift_sd` standard deviations of a run mean (judged as one of `tests` metrics)."""
     rng = random.Random(seed)
@@ -101,7 +102,7 @@ def detected_shift(process: Process, *, reference_runs: int, candidate_runs: int
 
 
 def sequential_rates(process: Process, *, shift_sd: float, trials: int, seed: int = 0, alpha: float = verdict.ALPHA,
-                     margin: float = verdict.MARGIN) -> dict[str, float]:
+                     margin: float | dict = verdict.MARGIN) -> dict[str, float]:
     """The planned looks as a user takes them (verdict.LOOKS): runs of both backends with shared seeds are added
     and judged at each look until one gives a verdict. The share of trials ending in each verdict."""
     rng = random.Random(seed)
@@ -118,3 +119,92 @@ def sequential_rates(process: Process, *, shift_sd: float, trials: int, seed: in
                 break
         counts[outcome] += 1
     return {name: count / trials for name, count in counts.items()}
+
+
+# The grid the verdict is calibrated over: the paired runs' correlation and the candidate's variance over the
+# reference's (the example studies measured -0.3 to 0.9 between paired runs), each comparison a family of FAMILY
+# tests, HEADLINE_TESTS of them headline tests, as a report with three reward functions has.
+CORRELATIONS = (-0.3, 0.0, 0.3, 0.6, 0.9)
+VARIANCE_RATIOS = (0.25, 1.0, 4.0)
+FAMILY, HEADLINE_TESTS = 9, 3
+
+
+def paired_summaries(rng, trials: int, tests: int, *, correlation: float, variance_ratio: float, shift: float = 0.0):
+    """Run summaries of both backends for `trials` comparisons of `tests` independent metrics, verdict.LOOKS[-1]
+    shared seeds each: (reference, candidate), arrays of shape (trials, tests, runs). The reference's summaries have
+    SD 1; the candidate's SD sqrt(variance_ratio), correlated with the reference's of the same seed, shifted by
+    `shift`."""
+    runs = verdict.LOOKS[-1]
+    reference = rng.standard_normal((trials, tests, runs))
+    own = rng.standard_normal((trials, tests, runs))
+    candidate = math.sqrt(variance_ratio) * (correlation * reference + math.sqrt(1 - correlation ** 2) * own) + shift
+    return reference, candidate
+
+
+def grid_rates(*, correlation: float, variance_ratio: float, trials: int, seed: int = 0, alpha: float = verdict.ALPHA,
+               margins: tuple[dict, ...] = ({"sd": verdict.MARGIN}, {"absolute": 1.0})) -> dict:
+    """Read at every planned look, as a user adding runs would (the worst case: a verdict at any look counts):
+    - false_divergent: a candidate that trains as the reference does, called divergent on some test of its family
+      of FAMILY (Holm weighted, the first HEADLINE_TESTS headline tests), at some look;
+    and per margin (in reference SDs; an sd margin as verdict takes it, estimated from the reference's runs):
+    - false_equivalent: one test whose true difference is exactly the margin, called equivalent at some look;
+    - equivalent_at_last: one test of a candidate that trains as the reference does, equivalent by the last look.
+    Computed with verdict's boundaries and Holm, vectorised over trials (family_divergent, equivalent_seen); tests/
+    test_verdict.py checks that judge and finalize decide such trials alike."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    shape = dict(correlation=correlation, variance_ratio=variance_ratio)
+    out = {"false_divergent": float(family_divergent(*paired_summaries(rng, trials, FAMILY, **shape), alpha).mean())}
+    for margin in margins:
+        kind, value = next(iter(margin.items()))
+        true_margin = value * math.sqrt(2) if kind == "sd" else value  # the reference's SD is 1
+        name = f"{kind} {value:g}"
+        out[name] = {"false_equivalent": float(equivalent_seen(
+            *paired_summaries(rng, trials, 1, shift=true_margin, **shape), margin, alpha).mean()),
+                     "equivalent_at_last": float(equivalent_seen(
+            *paired_summaries(rng, trials, 1, **shape), margin, alpha).mean())}
+    return out
+
+
+def family_divergent(reference, candidate, alpha: float = verdict.ALPHA):
+    """Per trial (arrays of paired_summaries' shape): whether some test of the family is divergent at some planned
+    look, each look judging the runs up to it (verdict's Holm, weights and boundaries)."""
+    import numpy as np
+
+    tests = reference.shape[1]
+    weights = verdict.headline_weights([i < min(HEADLINE_TESTS, tests) for i in range(tests)])
+    divergent = np.zeros(reference.shape[0], dtype=bool)
+    for j, n in enumerate(verdict.LOOKS):
+        p = _paired_p(reference[:, :, :n], candidate[:, :, :n])
+        for trial in np.flatnonzero(~divergent & (p.min(axis=1) <= alpha)):  # Holm can only reject below alpha
+            divergent[trial] = any(sequential.holm(list(p[trial]), alpha, weights,
+                                                   threshold=lambda i, level, j=j: sequential.nominal(level, j)))
+    return divergent
+
+
+def equivalent_seen(reference, candidate, margin: dict, alpha: float = verdict.ALPHA):
+    """Per trial: whether the first test is equivalent at some planned look (verdict's margin and boundaries)."""
+    import numpy as np
+
+    seen = np.zeros(reference.shape[0], dtype=bool)
+    kind, value = next(iter(margin.items()))
+    for j, n in enumerate(verdict.LOOKS):
+        d = candidate[:, 0, :n] - reference[:, 0, :n]
+        bound = (value * math.sqrt(2) * reference[:, 0, :n].std(axis=1, ddof=1) * sequential.sd_shrink(j, alpha / 2)
+                 if kind == "sd" else value)
+        se = d.std(axis=1, ddof=1) / math.sqrt(n)
+        z = sequential.boundaries(verdict.equivalence_alpha(margin, alpha), sides=1)[j]
+        seen |= np.abs(d.mean(axis=1)) + z * se < bound
+    return seen
+
+
+def _paired_p(reference, candidate):
+    """Two-sided p of the paired t-test per trial and test (the last axis: the pairs)."""
+    import numpy as np
+    from scipy.special import stdtr
+
+    d = candidate - reference
+    n = d.shape[-1]
+    t = d.mean(axis=-1) / (d.std(axis=-1, ddof=1) / math.sqrt(n))
+    return 2 * stdtr(n - 1, -np.abs(t))

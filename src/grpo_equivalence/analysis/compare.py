@@ -35,7 +35,7 @@ def step_differences(reference: dict, candidate: dict, metric: str) -> dict:
 
 
 def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: float = verdict.ALPHA,
-            margin: float = verdict.MARGIN) -> dict:
+            margin: float = verdict.MARGIN, margins: dict | None = None) -> dict:
     """The runs of each backend at one step count, the first of each with the study's seed."""
     _one_backend(reference_runs, "reference")
     _one_backend(candidate_runs, "candidate")
@@ -51,7 +51,8 @@ def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: fl
             **step_differences(reference, candidate, metric),
             # mean over steps of the mean distance between two reference seeds at a step (None: < 2 seeds)
             "seed_floor": statistics.fmean(floor["pairwise_abs_diff"]) if floor else None,
-            "verdict": verdict.judge_runs(reference_runs, candidate_runs, metric, alpha=alpha, margin=margin),
+            "verdict": verdict.judge_runs(reference_runs, candidate_runs, metric, alpha=alpha, margin=margin,
+                                          margins=margins),
         }
     # Each reward function's mean per step, judged as the total reward is: a backend can trade one for another
     functions = {}
@@ -60,11 +61,30 @@ def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: fl
         floor = verdict.noise_floor(reference_runs, key)
         functions[name] = {**step_differences(reference, candidate, key),
                            "seed_floor": statistics.fmean(floor["pairwise_abs_diff"]) if floor else None,
-                           "verdict": verdict.judge_runs(reference_runs, candidate_runs, key, alpha=alpha, margin=margin)}
+                           "verdict": verdict.judge_runs(reference_runs, candidate_runs, key, alpha=alpha,
+                                                         margin=margin, margins=margins)}
     # Holm over the metrics of this comparison: its family (a user switches to one backend at a time; see verdict)
-    verdict.finalize([metrics[m]["verdict"] for m in COMPARED] + [f["verdict"] for f in functions.values()],
-                     [m in verdict.HEADLINE for m in COMPARED] + [False] * len(functions))
+    verdict.finalize(*family([metrics, functions]))
     return {"reference": reference["backend"], "candidate": candidate["backend"], "max_steps": reference["max_steps"],
             "steps_compared": len(reference["steps"]), "reference_seeds": [r["seed"] for r in reference_runs],
             "candidate_seeds": [r["seed"] for r in candidate_runs], "alpha": alpha, "margin": margin,
+            "margins": {m: verdict.margin_words(m, verdict.margin_spec(m, margins, margin)) for m in COMPARED},
             "metrics_judged": logged, "metrics": metrics, "reward_functions": functions}
+
+
+def family(parts: list[dict]) -> tuple[list[dict], list[bool]]:
+    """The verdicts of a comparison's metrics and reward functions ([metrics, reward functions], of one comparison
+    or more) and which are headline tests, as verdict.finalize takes them."""
+    verdicts, marks = [], []
+    for i, part in enumerate(parts):
+        for name, entry in part.items():
+            verdicts.append(entry["verdict"])
+            marks.append(i % 2 == 0 and name in verdict.HEADLINE)
+    return verdicts, marks
+
+
+def join_family(comparisons: list[dict]) -> None:
+    """One candidate's comparisons (against the reference and against the reference of its own trainer stack)
+    judged as one Holm family: the candidate's question is one, however many references answer it."""
+    verdict.finalize(*family([part for c in comparisons for part in (c["metrics"], c["reward_functions"])]))
+

@@ -40,7 +40,7 @@ def _num(value, digits: int = 3) -> str:
 
 def render(*, summaries: list[dict], comparisons: list[dict], reference: str, runs: dict, figures: dict | None = None,
            template: Path = TEMPLATE, rollout: dict | None = None, alpha: float = verdict.ALPHA,
-           margin: float = verdict.MARGIN) -> str:
+           margin: float = verdict.MARGIN, margins: dict | None = None) -> str:
     """`runs`: {path: stats} of every run (all seeds); `figures`: {"curves": {steps: path}, "speed": path}, paths
     relative to the report's folder, or None where no figure was made; `rollout`: rollout_section's result."""
     import jinja2
@@ -53,7 +53,9 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     groups = run_files.group_runs(runs)
     primaries = [group[0] for group in groups.values()]
     return env.get_template(Path(template).name).render(
-        reference=reference, tables=step_tables(summaries, comparisons, groups, reference, alpha=alpha, margin=margin),
+        reference=reference, tables=step_tables(summaries, comparisons, groups, reference, alpha=alpha, margin=margin,
+                                                    margins=margins),
+        report_risk=report_risk(comparisons, alpha),
         metrics=COMPARED, summaries={m: text for m, (text, _) in verdict.SUMMARIES.items()}, looks=verdict.LOOKS,
         verdicts=verdict, not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, shared_gpu=SHARED_GPU,
         figures=figures or {},
@@ -84,8 +86,8 @@ def stats_files(folder: Path) -> list[Path]:
 
 
 def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE, *,
-                   alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, figures: dict | None = None,
-                   rollout: dict | None = None) -> str:
+                   alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, margins: dict | None = None,
+                   figures: dict | None = None, rollout: dict | None = None) -> str:
     """The report of every statistics file in `stats_dir` (grpo_<backend>_<steps>[_seed<seed>].json), as grpo-report
     makes it: each backend's runs of one step count are its seeds, the reference's measure the noise floor."""
     stats_dir = Path(stats_dir)
@@ -94,17 +96,28 @@ def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, te
     paths = stats_files(stats_dir)
     if not paths:
         raise FileNotFoundError(f"no statistics files (grpo_<backend>_<steps>.json) in {stats_dir}")
-    return render(**judged(run_files.load_runs(paths), reference, skip, alpha=alpha, margin=margin), reference=reference,
-                  template=template, figures=figures, rollout=rollout, alpha=alpha, margin=margin)
+    return render(**judged(run_files.load_runs(paths), reference, skip, alpha=alpha, margin=margin, margins=margins),
+                  reference=reference, template=template, figures=figures, rollout=rollout, alpha=alpha, margin=margin,
+                  margins=margins)
 
 
 def judged(runs: dict, reference: str, skip: int = DEFAULT_SKIP, *, alpha: float = verdict.ALPHA,
-           margin: float = verdict.MARGIN) -> dict:
+           margin: float = verdict.MARGIN, margins: dict | None = None) -> dict:
     """What render takes of a set of runs ({path: stats}): every backend's summary and its comparison with the
     reference at each step count."""
     groups = run_files.group_runs(runs)
     reference_run([group[0] for group in groups.values()], reference)  # fails early, naming the backends found
     summaries = [summarise(group[0], skip) for group in groups.values()]
-    comparisons = [compare(groups[(reference, steps)], group, alpha=alpha, margin=margin)
+    comparisons = [compare(groups[(reference, steps)], group, alpha=alpha, margin=margin, margins=margins)
                    for (backend, steps), group in groups.items() if backend != reference and (reference, steps) in groups]
     return {"summaries": summaries, "comparisons": comparisons, "runs": runs}
+
+
+def report_risk(comparisons: list[dict], alpha: float) -> dict:
+    """The chance that some verdict of the report is falsely divergent, where every candidate were the reference
+    under another name: each candidate is its own family at alpha, so with C candidates at most 1 - (1 - alpha)^C
+    for independent candidates and at most C x alpha whatever their dependence (they share the reference's runs)."""
+    candidates = len({c["candidate"] for c in comparisons})
+    return {"candidates": candidates, "independent": 1 - (1 - alpha) ** candidates,
+            "bound": min(1.0, candidates * alpha), "alpha": alpha}
+

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..analysis import runs as run_files
 from ..analysis import stats as stats_io
 from ..analysis import verdict
-from ..analysis.compare import compare
+from ..analysis.compare import compare, join_family
 from ..checks import rollout as rollout_files
 from ..checks import power, rollout_verdict
 from ..training import faults
@@ -32,7 +32,8 @@ def confounds(runs: list[dict]) -> list[dict]:
     return list(found.values())
 
 
-def stack_comparisons(groups: dict, steps: int, reference: str, *, alpha: float, margin: float) -> list[dict]:
+def stack_comparisons(groups: dict, steps: int, reference: str, *, alpha: float, margin: float,
+                      margins: dict | None = None) -> list[dict]:
     """Each candidate whose trainer stack is not the reference's, against the reference of its own stack where the
     study ran it: what is left of a difference once the stack is the same is the rollout's."""
     from ..training.backends import STACK_REFERENCES, stack
@@ -43,7 +44,7 @@ def stack_comparisons(groups: dict, steps: int, reference: str, *, alpha: float,
         if n != steps or backend == reference or stack(backend) == stack(reference) or own in (None, backend):
             continue
         if (own, steps) in groups:
-            found.append(compare(groups[(own, steps)], group, alpha=alpha, margin=margin))
+            found.append(compare(groups[(own, steps)], group, alpha=alpha, margin=margin, margins=margins))
     return found
 
 
@@ -60,7 +61,7 @@ def gpu_sharing(runs: dict) -> dict | None:
 
 
 def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, reference: str, *,
-                alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN) -> list[dict]:
+                alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, margins: dict | None = None) -> list[dict]:
     """Per step count: the runs' summaries with % of the reference's speed, the comparisons with their
     verdicts, the confounds of each candidate, each candidate against the reference of its own trainer stack,
     and the settings that differ between the backends. Each comparison is its own Holm family (compare): a user
@@ -83,7 +84,9 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
         for pair in pairs:
             pair["confounds"] = confounds(runs.get(pair["candidate"], [])) + reference_confounds
         primaries = [group[0] for group in runs.values()]
-        stacked = stack_comparisons(groups, steps, reference, alpha=alpha, margin=margin)
+        stacked = stack_comparisons(groups, steps, reference, alpha=alpha, margin=margin, margins=margins)
+        for other in stacked:  # a candidate's comparison with its own stack's reference joins its family
+            join_family([*(p for p in pairs if p["candidate"] == other["candidate"]), other])
         tables.append({"steps": steps, "rows": table_rows, "pairs": pairs, "differing": differing_settings(primaries),
                        "stack_pairs": stacked, "stacks": {b: stack(b) or NOT_RECORDED for b in sorted(runs)},
                        "backends": sorted(runs), "mismatch": any(row.get("sampler_mismatch") for row in rows),

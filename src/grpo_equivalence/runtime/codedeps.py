@@ -95,7 +95,11 @@ def module_files(*modules: str) -> list[Path]:
         package = path.parent.parent if path.name == "__init__.py" else path.parent
         if package != PACKAGE and package.is_relative_to(PACKAGE) and (package / "__init__.py").exists():
             todo.append(package / "__init__.py")  # importing a.b.c runs a/b/__init__.py first (and a's, in turn)
+        if path.suffix != ".py":
+            continue
         todo.extend(_file_of(name) for name in _imports(path))
+        source = path.read_text()  # the data a module reads beside it, named in its source ("boundaries.json")
+        todo.extend(data for data in path.parent.glob("*.json") if f'"{data.name}"' in source)
     return sorted(seen)
 
 
