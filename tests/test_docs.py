@@ -72,10 +72,21 @@ def test_the_readmes_study_is_the_example_study_and_it_is_valid(tmp_path):
 
 
 def test_the_readmes_verdicts_are_those_of_the_example_it_names():
+    """The README's verdict table is the current verdict on the runs of the example it names (whose committed report
+    shows the verdict of when it ran)."""
+    from grpo_equivalence.analysis import runs as run_files
+    from grpo_equivalence.analysis.verdict import DIVERGENT, METRICS
+    from grpo_equivalence.report import render, sections
+
     readme = README.read_text()
     rows = re.findall(r"^\| (?:cb_paged|hf|hf_static|trl_vllm|unsloth_fi_false) \|.*\|$", readme, re.M)
-    example = (ROOT / "docs" / "examples" / "h200-packed-study-decides" / "grpo_equivalence.md").read_text()
-    assert len(rows) == 5 and all(row in example for row in rows)
+    example = ROOT / "docs" / "examples" / "h200-packed-study-decides"
+    runs = run_files.load_runs(render.stats_files(example / "stats"))
+    judged = render.judged(runs, "vllm")
+    pairs = sections.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), "vllm")[0]["pairs"]
+    cell = lambda v: f"**{v}**" if v == DIVERGENT else v  # noqa: E731
+    assert rows == [f"| {p['candidate']} | " + " | ".join(cell(p["metrics"][m]["verdict"]["verdict"]) for m in METRICS)
+                    + " |" for p in pairs]
 
 
 def run_as_printed(command: str, project: Path) -> subprocess.CompletedProcess:

@@ -221,7 +221,8 @@ def test_a_packed_h200_example_holds_its_paired_seeds_and_its_figures_come_from_
     if "speedup_per_run" in recomputed:
         assert f"**{recomputed['speedup_per_run']:.1f}x**" in readme
     decided = recomputed["decided"]
-    assert f"{decided['equivalent'] + decided['divergent']} are decided ({decided['share']:.0%})" in readme
+    n = decided["equivalent"] + decided["divergent"]
+    assert f"{n} {'is' if n == 1 else 'are'} decided ({decided['share']:.0%})" in readme
 
 
 def test_same_runs_finds_a_run_whose_training_numbers_changed(tmp_path):
@@ -249,4 +250,4 @@ def test_decided_share_of_every_seed_of_an_example_is_the_examples_own():
 
     example = ROOT / "docs" / "examples" / "h200-packed-study-decides"
     result = _benchmark("decided_share").main([str(example / "stats"), "--seeds", "12", "--draws", "1"])
-    assert result[12]["mean_share"] == json.loads((example / "packing.json").read_text())["decided"]["share"] == 1.0
+    assert result[12]["mean_share"] == json.loads((example / "packing.json").read_text())["decided"]["share"] == 0.6
