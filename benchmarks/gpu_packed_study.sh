@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The tiny study packed on one GPU: all six backends at STEPS steps (default 30), SEEDS seeds each (default 8,
-# paired: seeds SEED.. for every backend, SEED by default the tiny study's 3407), vllm the reference, the
+# The tiny study packed on one GPU: BACKENDS (default all six) at STEPS steps (default 30), SEEDS seeds each (default 8,
+# paired: seeds SEED.. for every backend, SEED by default the tiny study's 3407), REFERENCE (default vllm), the
 # rollout check of every backend, up to JOBS jobs on the GPU at once (default 16; gpu_sharing), each backend's
 # study-seed run alone on the GPU (its speed and memory are the report's), after the other seeds
 # (SPEED_RUNS=last, the default: with the compile caches they filled) or before them (first: it measures what
@@ -14,14 +14,15 @@ out=$(realpath -m "${1:-results/gpu-packed}")
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 python3 - "$out/study.yaml" "${SEEDS:-8}" "${STEPS:-30}" "${JOBS:-16}" "${VLLM_SHARE:-0.1}" "${SPEED_RUNS:-last}" \
-  "${MEMORY_GB:-3}" "${SEED:-}" <<'PY'
+  "${MEMORY_GB:-3}" "${SEED:-}" "${BACKENDS:-vllm unsloth_fi_false cb_paged hf hf_static trl_vllm}" \
+  "${REFERENCE:-vllm}" <<'PY'
 import sys, yaml
 config = yaml.safe_load(open("studies/tiny.yaml"))
 if sys.argv[8]:  # other seeds than the study's: runs that no earlier version of the method was read on
     config["grpo"]["seed"] = int(sys.argv[8])
 seeds, steps, jobs, share = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 speed_runs, memory = sys.argv[6], None if sys.argv[7] == "none" else float(sys.argv[7])
-config.update(backends=["vllm", "unsloth_fi_false", "cb_paged", "hf", "hf_static", "trl_vllm"], reference="vllm",
+config.update(backends=sys.argv[9].split(), reference=sys.argv[10],
               steps=[steps], replicates={"reference": seeds, "others": seeds}, gpus_per_train_job=1, dtype="bfloat16",
               train_threads=1, gpu_sharing={"jobs_per_gpu": jobs, "memory_gb": memory, "speed_runs": speed_runs})
 config["backend_options"].update(vllm={"gpu_memory_utilization": share}, trl_vllm={"gpu_memory_utilization": share})

@@ -251,3 +251,20 @@ def test_decided_share_of_every_seed_of_an_example_is_the_examples_own():
     example = ROOT / "docs" / "examples" / "h200-packed-study-decides"
     result = _benchmark("decided_share").main([str(example / "stats"), "--seeds", "12", "--draws", "1"])
     assert result[12]["mean_share"] == json.loads((example / "packing.json").read_text())["decided"]["share"] == 0.6
+
+
+def test_the_fresh_seed_example_of_the_new_verdict_is_its_runs_own():
+    """docs/examples/h200-fresh-seeds-verdict: seeds no other example ran, packing.json recomputed from the
+    committed runs, and the README's decided cells those of the current verdict."""
+    import json
+
+    example = ROOT / "docs" / "examples" / "h200-fresh-seeds-verdict"
+    recomputed = _benchmark("packing_results").main([str(example), "--reference", "unsloth_fi_false"])
+    assert json.loads(json.dumps(recomputed)) == json.loads((example / "packing.json").read_text())
+    decided = recomputed["decided"]
+    assert (decided["cells"], decided["divergent"], decided["equivalent"]) == (9, 8, 0)
+    assert "**8 are decided (89%)**" in (example / "README.md").read_text()
+    seeds = {stats.load(p)["seed"] for p in stats_files(example / "stats")}
+    assert seeds == set(range(3451, 3463))
+    for other in (ROOT / "docs" / "examples").glob("h200-packed-study*/stats"):
+        assert not seeds & {stats.load(p)["seed"] for p in stats_files(other)}, other
