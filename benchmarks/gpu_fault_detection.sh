@@ -6,7 +6,8 @@
 # Usage: benchmarks/gpu_fault_detection.sh [OUTDIR]
 # Env: ROWS (default "tiny:float32 tiny:bfloat16 study:float32 study:bfloat16"; SAMPLING:DTYPE:ROUNDS caps a row's
 # rounds), BACKEND (hf), REPS (20), JOBS (16),
-# MAX_ROUNDS (4), MARGIN (the score test's temperature margin, 0.1: the schema's default), DEADLINE (seconds after which a row drops the checks still running and judges the whole repetitions done; 0: none), ROW_TIMEOUT (seconds a row may take, default 900), PER_CALL (prompts per generation call; default the study's 50)
+# MAX_ROUNDS (4), MARGIN (the score test's temperature margin, 0.1: the schema's default), DEADLINE (seconds after which a row drops the checks still running and judges the whole repetitions done; 0: none), ROW_TIMEOUT (seconds a row may take, default 900), PER_CALL (prompts per generation call; default the study's 50),
+# FIRST_SEED (the first repetition's reference seed, default 10000: another gives repetitions of their own)
 set -uo pipefail
 out=${1:-results/gpu-faults}
 mkdir -p "$out"
@@ -18,7 +19,7 @@ for row in ${ROWS:-tiny:float32 tiny:bfloat16 study:float32 study:bfloat16}; do
   name="rollout-$backend-$sampling-$dtype"
   timeout "${ROW_TIMEOUT:-900}" python3 benchmarks/fault_detection.py --gpu --reps "${REPS:-20}" --jobs "${JOBS:-16}" \
     --backend "$backend" --sampling "$sampling" --dtype "$dtype" --max-rounds "${rounds:-${MAX_ROUNDS:-4}}" --margin "${MARGIN:-0.1}" --deadline "${DEADLINE:-0}" \
-    ${PER_CALL:+--per-call "$PER_CALL"} \
+    ${PER_CALL:+--per-call "$PER_CALL"} ${FIRST_SEED:+--first-seed "$FIRST_SEED"} \
     --out "$out/$name.json" 2>&1 | grep -v -e "Loading weights" -e "Warning" -e "warn" > "$out/$name.log"
   tail -12 "$out/$name.log"
 done

@@ -268,3 +268,19 @@ def test_the_fresh_seed_example_of_the_new_verdict_is_its_runs_own():
     assert seeds == set(range(3451, 3463))
     for other in (ROOT / "docs" / "examples").glob("h200-packed-study*/stats"):
         assert not seeds & {stats.load(p)["seed"] for p in stats_files(other)}, other
+
+
+def test_the_second_twenty_repetitions_of_the_bfloat16_row_are_quoted_as_their_files_say():
+    """docs/rollout-check.md pools the tiny bfloat16 row's two sets of twenty repetitions (first seeds 10000 and
+    20000): temperature_down's equivalent calls and the control's, from both files."""
+    import json
+
+    h200 = ROOT / "docs" / "faults" / "h200"
+    rows = [json.loads((h200 / f"rollout-hf-tiny-bfloat16{suffix}.json").read_text()) for suffix in ("", "-seeds20000")]
+    reps = sum(r["reps"] for r in rows)
+    cold = sum(r["counts"]["temperature_down"]["equivalent"] for r in rows)
+    control = sum(r["counts"]["control"]["equivalent"] for r in rows)
+    text = " ".join((ROOT / "docs" / "rollout-check.md").read_text().split())
+    assert reps == 40 and f"equivalent {cold} times ({100 * cold / reps:.1f} %" in text
+    assert f"control confirmed in {control} ({100 * control / reps:.1f} %)" in text
+    assert all(r["counts"]["control"]["divergent"] == 0 and r["gpu"] for r in rows)
