@@ -123,3 +123,18 @@ def project(tmp_path_factory):
 def test_every_command_runs_as_printed(command, project):
     done = run_as_printed(command, project)
     assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+def test_the_readmes_calibration_table_is_the_grid_of_the_verdicts_page():
+    """README's error rates of the training verdict: the largest of docs/verdicts.md's grid (benchmarks/
+    verdict_calibration.py), and its power at variance ratio 1."""
+    page = (ROOT / "docs" / "verdicts.md").read_text()
+    grid = [[float(c.strip(" %")) for c in row.strip("|").split("|")]
+            for row in re.findall(r"^\| -?[\d.]+ \| [\d.]+ \| [\d.]+ % \|.*\|$", page, re.M)]
+    assert len(grid) == 15 and all(row[2] <= 5.5 and row[3] <= 5.5 and row[5] <= 5.5 for row in grid)
+    power = lambda col: " / ".join(f"{row[col]:.0f}" for c in (0.0, 0.6, 0.9) for row in grid  # noqa: E731
+                                    if row[0] == c and row[1] == 1.0)
+    readme = README.read_text()
+    most = lambda col: max(row[col] for row in grid)  # noqa: E731
+    assert f"| fixed (ratio, units) | at most {most(2):.1f} % | at most {most(5):.1f} % | {power(6)} % |" in readme
+    assert f"| 1 SD of the reference's runs | at most {most(2):.1f} % | at most {most(3):.2f} % | {power(4)} % |" in readme
