@@ -125,6 +125,17 @@ def test_every_command_runs_as_printed(command, project):
     assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
+def test_the_missions_command_form_plans_the_report(project):
+    """The command as a GPU box's user types it, with no target: the report is the default one, and config.yaml's
+    whole study is planned (config.yaml's own "# Run:" line names the target first, as the README does)."""
+    command = "snakemake --cores 8 --resources gpu=4"
+    run_line = re.search(r"^# Run: (.+)$", (ROOT / "config.yaml").read_text(), re.M).group(1)
+    assert run_line.startswith("snakemake results/grpo_equivalence.md ")  # a target after --resources would be a resource
+    done = run_as_printed(command, project)
+    assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+    assert re.search(r"^\s+output: results/grpo_equivalence\.md$", done.stdout, re.M), done.stdout[-2000:]
+
+
 def test_the_readmes_calibration_table_is_the_grid_of_the_verdicts_page():
     """README's error rates of the training verdict: the largest of docs/verdicts.md's grid (benchmarks/
     verdict_calibration.py), and its power at variance ratio 1."""
