@@ -398,3 +398,17 @@ def test_unsloth_and_vllm_backends_need_cuda():
     for name in ("unsloth_fi_false", "vllm", "trl_vllm"):
         with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):
             backends.get(name).check_runnable("cpu")
+
+
+def test_a_train_job_checks_its_trackers_before_taking_a_gpu(tiny_config):
+    """On a cluster the planning machine does not check: each train job does, before its GPU lease."""
+    from grpo_equivalence.training import session, trackers
+
+    tiny_config["grpo"]["report_to"] = ["tensorboard", "wandb"]
+    assert trackers.named(tiny_config) == ["tensorboard", "wandb"]
+    with pytest.raises(SystemExit, match="grpo.report_to names wandb, whose package"):
+        session.check_packages("hf", tiny_config)
+    tiny_config["grpo"]["report_to"] = "tensorboard"  # tensorboardX is installed: it will do
+    session.check_packages("hf", tiny_config)
+    tiny_config["grpo"]["report_to"] = "all"  # transformers takes whatever is installed
+    assert trackers.problems(tiny_config) == []

@@ -292,3 +292,20 @@ def test_backend_that_cannot_run_fails_its_job_before_loading_the_model(tmp_path
     assert "backend 'unsloth_fi_false' cannot run here" in log
     assert "loading" not in log  # stopped before the model load
     assert not (tmp_path / "results/stats/grpo_unsloth_fi_false_6.json").exists()
+
+
+def test_a_tracker_without_its_package_stops_the_workflow_before_any_job(tmp_path):
+    """report_to: [wandb] where wandb is not installed: one line naming the tracker, its package and the fix,
+    before any job starts (transformers would raise only once each job had built its trainer)."""
+    import importlib.util
+
+    assert importlib.util.find_spec("wandb") is None  # the test environment has no wandb
+    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config["grpo"]["report_to"] = ["wandb"]
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run([*SNAKEMAKE, "results/grpo_equivalence.md", "--directory", str(tmp_path), "--cores", "2",
+                             "--configfile", str(tmp_path / "study.yaml")], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "grpo.report_to names wandb, whose package (wandb) is not installed" in result.stdout + result.stderr
+    assert "pip install wandb, or drop wandb from report_to" in result.stdout + result.stderr
+    assert not (tmp_path / "results" / "logs").exists()  # no job started

@@ -40,9 +40,12 @@ def device_for(gpus: int) -> str:
 
 
 def check_runnable(config: dict, backend_names) -> None:
-    """Raises if any of `backend_names` cannot train here with the config's GPU request (no model loaded)."""
+    """Raises if any of `backend_names` cannot train here with the config's GPU request (no model loaded), or a
+    tracker the config names lacks its package."""
+    from . import trackers
+
     device = device_for(config["gpus_per_train_job"])
-    problems = []
+    problems = trackers.problems(config)
     for name in backend_names:
         try:
             backends.get(name).check_runnable(device)
@@ -56,9 +59,10 @@ def check_packages(backend_name: str, config: dict | None = None) -> None:
     """The backend's packages, checked without touching CUDA (before a GPU lease is taken), and the study's extra
     GRPOConfig fields against the TRL installed here (a planning machine without TRL could not check them)."""
     backends.get(backend_name).check_runnable(None)
+    from . import trackers
     from .grpo_fields import grpo_field_problems
 
-    problems = grpo_field_problems((config or {}).get("grpo") or {})
+    problems = grpo_field_problems((config or {}).get("grpo") or {}) + trackers.problems(config or {})
     if problems:
         raise SystemExit("error: " + "; ".join(problems))
 
