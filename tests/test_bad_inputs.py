@@ -67,6 +67,23 @@ def test_bad_study(tiny_config, tmp_path, what, change, message):
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize("name, text", [("sheet.csv", "prompt,solution\n1+1,2\n2+2,4\n"),
+                                        ("lines.jsonl", '{"prompt": "1+1", "solution": "2"}\n')])
+def test_a_data_file_with_a_byte_order_mark_is_read_as_load_dataset_reads_it(tiny_config, tmp_path, name, text):
+    """A UTF-8 byte-order mark, as spreadsheet programs save CSV, is not part of the first column's name."""
+    from grpo_equivalence.training.data import load_problems
+
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    dataset = {"path": "csv" if name.endswith(".csv") else "json", "data_files": str(path)}
+    tiny_config.update(dataset=dataset)
+    check(tiny_config)
+    assert load_problems(dataset, system_prompt=None)[0]["answer"] == "2"
+    path.write_bytes(b"\xef\xbb\xbf" + text.replace("solution", "answer").encode())  # still names what is missing
+    with pytest.raises(ConfigError, match=f"{name} has no column 'solution' \\(columns: answer, prompt\\)"):
+        check(tiny_config)
+
+
 def test_every_problem_of_a_study_is_reported_at_once(tiny_config):
     tiny_config.update(foo=1, reference="vllm", steps=[2])
     tiny_config["grpo"]["learning_rate"] = "5e-4"

@@ -109,7 +109,8 @@ def _local_data_problems(dataset: dict) -> list[str]:
             problems.append(f"dataset.data_files: {name} does not exist; fix the path (relative to the folder snakemake "
                             f"runs in)")
             continue
-        with open(path, encoding="utf-8", errors="replace") as f:
+        # utf-8-sig: a byte-order mark (as spreadsheet programs save CSV) is not part of the first column's name
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
             first = next((line for line in f if line.strip()), None)
         if first is None:
             problems.append(f"dataset.data_files: {name} is empty; it needs one problem per line (or row)")
@@ -124,7 +125,7 @@ def _local_data_problems(dataset: dict) -> list[str]:
         elif dataset["path"] == "csv":
             import csv
 
-            with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
                 rows = (row for row in csv.reader(f) if any(cell.strip() for cell in row))
                 present, data_row = set(next(rows, [])), next(rows, None)
             if data_row is None:  # load_dataset would only fail after the model is loaded
