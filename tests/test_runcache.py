@@ -88,6 +88,20 @@ def test_a_stored_run_is_restored_with_its_training_log(tmp_path):
     assert "restored from the run cache" in said[0] and "| [hf x 5] training" in said[1]
 
 
+def test_an_entry_holding_another_jobs_run_is_refused_and_set_aside(tmp_path):
+    """One key's entry and digest copied over another's (the digest checks out): the run it holds is not the job's
+    backend, steps and seed, so it is refused in one line, set aside, and the job trains."""
+    cache = stored(tmp_path, make_stats("cb_paged", 5, seed=3408))
+    said = []
+    this_job = job(tmp_path, run={"backend": "hf", "max_steps": 5, "seed": 3407})
+    assert runcache.restore(this_job, tmp_path / "out.json", log=said.append) is None
+    assert not (tmp_path / "out.json").exists() and not runcache.entry("k", cache.cache).exists()
+    assert "it holds the run cb_paged x 5 (seed 3408), not this job's hf x 5 (seed 3407)" in said[0]
+    assert "set aside" in said[0] and "training instead" in said[0]
+    stored(tmp_path, make_stats("hf", 5, seed=3407))
+    assert runcache.restore(this_job, tmp_path / "out.json", log=said.append)["backend"] == "hf"
+
+
 def test_a_job_snakemake_was_told_to_rerun_does_not_restore(tmp_path):
     stored(tmp_path)
     assert runcache.restore(job(tmp_path, restore_allowed=False), tmp_path / "out.json") is None

@@ -108,6 +108,9 @@ class JobCache:
     cache: Path = Path(RUN_CACHE)
     log_file: Path | None = None
     adapter: Path | None = None  # the run's adapter folder, where the study keeps them (save_adapters)
+    # the run this job trains ({"backend", "max_steps", "seed"}): an entry holding another is never restored, as when
+    # one key's entry and digest were copied over another's
+    run: dict | None = None
 
     def places(self) -> list[Path]:
         """The cache, then the rescue folders that exist and are this user's alone."""
@@ -125,6 +128,8 @@ def for_job(args: dict, settings: dict) -> JobCache:
         return JobCache(None, why, False, log_file=log_file)
     forced = json.loads(os.environ.get(FORCED_ENV, "[]"))
     return JobCache(key(settings, args["code"], args["inputs"], identity), "",
+                    run={"backend": args["backend"], "max_steps": int(args["steps"]),
+                         "seed": args["config"]["grpo"]["seed"]},
                     restore_allowed=str(args["out"]) not in forced, log_file=log_file,
                     adapter=Path(args["adapter"]) if args.get("adapter") else None)
 
@@ -174,6 +179,11 @@ def restore(job: JobCache, out: Path, log=print) -> dict | None:
         if found is None:
             continue
         run, data = found
+        held = {name: run.get(name) for name in (job.run or {})}
+        if job.run and held != job.run:
+            _refuse(path, "it holds the run {} x {} (seed {}), not this job's {} x {} (seed {}): an entry copied over "
+                          "another's".format(*held.values(), *job.run.values()), log)
+            continue
         if job.adapter is not None:
             shutil.rmtree(job.adapter, ignore_errors=True)
             shutil.copytree(_adapter_of(path), job.adapter)
