@@ -88,6 +88,21 @@ def test_a_numpy_or_torch_nan_is_written_as_the_contracts_nan(tmp_path):
     assert math.isnan(stats.load(tmp_path / "s.json")["steps"][1]["metrics"]["entropy"])
 
 
+def test_a_0_d_tensor_or_array_metric_is_written_as_its_number(tmp_path):
+    """A metric logged as torch.tensor(x) (no .item()) or a 0-d numpy array: its number, NaN as the contract's NaN,
+    never its str() ("tensor(nan)")."""
+    import numpy as np
+    import torch
+
+    data = make_stats()
+    data["steps"][1]["metrics"].update(t_nan=torch.tensor(float("nan")), t=torch.tensor(2.5, dtype=torch.bfloat16),
+                                       a=np.array(0.25), steps=torch.tensor(3))
+    stats.write(tmp_path / "s.json", data)
+    raw = json.loads((tmp_path / "s.json").read_text())["steps"][1]["metrics"]
+    assert (raw["t_nan"], raw["t"], raw["a"], raw["steps"]) == ("NaN", 2.5, 0.25, 3)
+    assert math.isnan(stats.load(tmp_path / "s.json")["steps"][1]["metrics"]["t_nan"])
+
+
 @pytest.mark.parametrize(
     "break_it, expected",
     [

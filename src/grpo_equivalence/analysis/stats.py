@@ -42,6 +42,8 @@ READ_METRICS = ("completions/mean_length", "completions/max_length", "entropy", 
 
 
 def _encode(value):
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()  # a 0-d tensor or array (a metric logged as torch.tensor(x)): its number, not its str()
     if isinstance(value, numbers.Real) and not isinstance(value, (int, float)):
         value = float(value)  # a numpy or torch scalar, NaN included, is a number here, not its str()
     if isinstance(value, float) and not math.isfinite(value):
