@@ -29,6 +29,11 @@ def write_data(path, text):
 
 STUDIES = [
     # (what is wrong, change to the tiny study (given tmp_path), words of the message)
+    ("a backend with an empty fault (a backend of its own before)", lambda c, d: c.update(backends=["hf", "hf+"]),
+     "backends: 'hf+' has a '+' and no fault after it; write 'hf', or hf+FAULT"),
+    ("a faulted reference without saying so", lambda c, d: c.update(backends=["hf+temperature_up", "cb_paged"],
+                                                                    reference="hf+temperature_up"),
+     "reference: 'hf+temperature_up' has an injected fault: every verdict would be against a sampler known to be wrong"),
     ("a number YAML reads as text", lambda c, d: c["grpo"].update(learning_rate="5e-4"),
      "grpo.learning_rate: '5e-4' is text to YAML, not a number; write it with a dot and a signed exponent, e.g. 5.0e-4"),
     ("a model folder that does not exist", lambda c, d: c.update(model=str(d / "no-such-model")),
@@ -82,6 +87,11 @@ def test_a_data_file_with_a_byte_order_mark_is_read_as_load_dataset_reads_it(tin
     path.write_bytes(b"\xef\xbb\xbf" + text.replace("solution", "answer").encode())  # still names what is missing
     with pytest.raises(ConfigError, match=f"{name} has no column 'solution' \\(columns: answer, prompt\\)"):
         check(tiny_config)
+
+
+def test_a_faulted_reference_is_allowed_when_the_study_says_so(tiny_config):
+    tiny_config.update(backends=["hf+temperature_up", "cb_paged"], reference="hf+temperature_up", faulted_reference=True)
+    check(tiny_config)
 
 
 def test_every_problem_of_a_study_is_reported_at_once(tiny_config):

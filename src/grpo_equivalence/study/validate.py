@@ -32,6 +32,10 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
 
     for name in backends:
         base, fault = split(name)
+        if name.endswith("+"):
+            problems.append(f"backends: {name!r} has a '+' and no fault after it; write {base!r}, or {base}+FAULT with "
+                            f"FAULT among {', '.join(FAULTS)}")
+            continue
         if base not in backend_names:
             problems.append(f"backends: unknown backend {base!r}; choose among {', '.join(backend_names)}")
         if fault is not None and fault not in FAULTS:
@@ -44,6 +48,9 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
             problems.append(f"verdict.margins.{metric}: a ratio applies to the metrics summarised as logs "
                             f"({', '.join(LOG_SCALE)}); give {metric} an absolute margin or an sd margin")
     reference = _get(config, "reference", kind=str)
+    if reference is not None and split(reference)[1] is not None and config.get("faulted_reference") is not True:
+        problems.append(f"reference: {reference!r} has an injected fault: every verdict would be against a sampler known "
+                        f"to be wrong; pick a backend without +FAULT, or set faulted_reference: true to mean it")
     if reference is not None and backends and reference not in backends:
         problems.append(
             f"reference: {reference!r} is not among backends {backends}; "
