@@ -13,7 +13,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from . import sequential, verdict
+from . import margins, sequential, verdict
 
 
 @dataclass(frozen=True)
@@ -191,8 +191,8 @@ def equivalent_seen(reference, candidate, margin: dict, alpha: float = verdict.A
     kind, value = next(iter(margin.items()))
     for j, n in enumerate(verdict.LOOKS):
         d = candidate[:, 0, :n] - reference[:, 0, :n]
-        bound = (value * math.sqrt(2) * reference[:, 0, :n].std(axis=1, ddof=1) * sequential.sd_shrink(j, alpha / 2)
-                 if kind == "sd" else value)
+        bound = (margins.sd_margin(value, reference[:, 0, :n].std(axis=1, ddof=1), j, alpha) if kind == "sd"
+                 else value)
         se = d.std(axis=1, ddof=1) / math.sqrt(n)
         z = sequential.boundaries(verdict.equivalence_alpha(margin, alpha), sides=1)[j]
         seen |= np.abs(d.mean(axis=1)) + z * se < bound

@@ -64,7 +64,7 @@ def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: fl
                            "verdict": verdict.judge_runs(reference_runs, candidate_runs, key, alpha=alpha,
                                                          margin=margin, margins=margins)}
     # Holm over the metrics of this comparison: its family (a user switches to one backend at a time; see verdict)
-    verdict.finalize(*family([metrics, functions]))
+    verdict.finalize(*family([(metrics, functions)]))
     return {"reference": reference["backend"], "candidate": candidate["backend"], "max_steps": reference["max_steps"],
             "steps_compared": len(reference["steps"]), "reference_seeds": [r["seed"] for r in reference_runs],
             "candidate_seeds": [r["seed"] for r in candidate_runs], "alpha": alpha, "margin": margin,
@@ -72,19 +72,17 @@ def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: fl
             "metrics_judged": logged, "metrics": metrics, "reward_functions": functions}
 
 
-def family(parts: list[dict]) -> tuple[list[dict], list[bool]]:
-    """The verdicts of a comparison's metrics and reward functions ([metrics, reward functions], of one comparison
-    or more) and which are headline tests, as verdict.finalize takes them."""
+def family(parts: list[tuple[dict, dict]]) -> tuple[list[dict], list[bool]]:
+    """The verdicts of the metrics and reward functions of one comparison or more ([(metrics, reward functions)])
+    and which are headline tests, as verdict.finalize takes them."""
     verdicts, marks = [], []
-    for i, part in enumerate(parts):
-        for name, entry in part.items():
-            verdicts.append(entry["verdict"])
-            marks.append(i % 2 == 0 and name in verdict.HEADLINE)
+    for metrics, functions in parts:
+        verdicts += [entry["verdict"] for entry in [*metrics.values(), *functions.values()]]
+        marks += [name in verdict.HEADLINE for name in metrics] + [False] * len(functions)
     return verdicts, marks
 
 
 def join_family(comparisons: list[dict]) -> None:
     """One candidate's comparisons (against the reference and against the reference of its own trainer stack)
     judged as one Holm family: the candidate's question is one, however many references answer it."""
-    verdict.finalize(*family([part for c in comparisons for part in (c["metrics"], c["reward_functions"])]))
-
+    verdict.finalize(*family([(c["metrics"], c["reward_functions"]) for c in comparisons]))

@@ -46,7 +46,12 @@ def margin_bound(spec: dict, reference_values: list[float], index: int | None = 
         return math.log(value)
     if kind == "absolute":
         return float(value)
-    sd = statistics.stdev(reference_values)
+    return sd_margin(value, statistics.stdev(reference_values), index, alpha)
+
+
+def sd_margin(value: float, sd, index: int | None = None, alpha: float = ALPHA):
+    """`value` seed-to-seed SDs of a difference from the SD of the reference's runs (a number, or an array of them),
+    at a planned look its lower confidence bound."""
     return value * math.sqrt(2) * sd * (sd_shrink(index, alpha / 2) if index is not None else 1.0)
 
 

@@ -41,7 +41,7 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
         if fault is not None and fault not in FAULTS:
             problems.append(f"backends: {name!r} names an unknown fault {fault!r}; choose among {', '.join(FAULTS)} "
                             f"(BACKEND+FAULT), or drop it")
-    from ..analysis.verdict import LOG_SCALE
+    from ..analysis.margins import LOG_SCALE
 
     for metric, spec in (_get(config, "verdict", "margins", kind=dict) or {}).items():
         if isinstance(spec, dict) and "ratio" in spec and metric not in LOG_SCALE:
