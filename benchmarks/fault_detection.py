@@ -88,7 +88,8 @@ def arguments(description: str, reps: int, out: str) -> argparse.ArgumentParser:
     parser.add_argument("--sampling", choices=("tiny", "study"), default="tiny",
                         help="the tiny study's sampling settings, or config.yaml's (the real study's)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--gpu", action="store_true", help="sample and score on the GPU (every check shares it)")
+    parser.add_argument("--gpu", action="store_true", help="run on the GPU (every check or run shares it; TRL 1.15 "
+                        "trains only there)")
     parser.add_argument("--max-rounds", type=int, default=1, help="the cap on each check's rounds")
     parser.add_argument("--first-seed", type=int, default=10_000, help="the first repetition's reference seed")
     parser.add_argument("--deadline", type=float, default=None, help="seconds after which the checks still running "

@@ -45,7 +45,6 @@ def _train(job: tuple) -> str:
 def main() -> None:
     parser = arguments(__doc__.splitlines()[0], 8, "fault_detection_training.json")
     parser.add_argument("--steps", type=int, help="steps per run (default: the tiny study's longest)")
-    parser.add_argument("--gpu", action="store_true", help="train on the GPU (all runs share it; TRL 1.15 trains only there)")
     parser.add_argument("--runs", type=int, help="runs per candidate (default: the tiny study's replicates.reference)")
     args = parser.parse_args()
     prepare(args)

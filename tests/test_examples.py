@@ -284,3 +284,14 @@ def test_the_second_twenty_repetitions_of_the_bfloat16_row_are_quoted_as_their_f
     assert reps == 40 and f"equivalent {cold} times ({100 * cold / reps:.1f} %" in text
     assert f"control confirmed in {control} ({100 * control / reps:.1f} %)" in text
     assert all(r["counts"]["control"]["divergent"] == 0 and r["gpu"] for r in rows)
+
+
+@pytest.mark.parametrize("name", ["fault_detection", "fault_detection_training"])
+def test_a_fault_benchmark_the_docs_quote_starts(name):
+    """Its options parse (both parsers defining --gpu once stopped the training benchmark at its start)."""
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / f"{name}.py"
+    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "--gpu" in result.stdout, result.stderr[-2000:]
