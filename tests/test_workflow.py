@@ -59,6 +59,19 @@ def test_every_job_ran_and_logged(study):
     assert "prime step" in (study / "results/logs/prime.log").read_text()
 
 
+def test_a_cpu_studys_jobs_ran_in_its_job_server_which_stopped_with_the_workflow(study):
+    """job_server (on by default): every train and rollout job forked from the interpreter that imported TRL once
+    (those that start while it imports wait for it)."""
+    served = "[job server] running in the workflow's job server"
+    logs = [*(study / "results/logs/train").glob("*.log"), *(study / "results/logs/rollout").glob("*.log")]
+    assert len(logs) == 22
+    for log in logs:
+        assert log.read_text().startswith(served), log.read_text()[:500]
+    server_log = (study / "results/logs/jobserver.log").read_text()
+    assert "imported torch, transformers, peft, datasets, trl" in server_log and "refused" not in server_log
+    assert "the workflow has ended: stopping" in server_log
+
+
 def test_each_backend_trained_with_its_own_options(study):
     tiny = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
     trainer = load(study, "cb_paged", STEPS[0])["effective_config"]["trainer"]

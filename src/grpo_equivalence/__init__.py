@@ -2,8 +2,9 @@
 
 The package's parts, each importing only those listed before it (tests/test_layout.py keeps it so):
 
-- runtime:  what a job runs on: GPU leases and the quiet lock, the job's tie to the workflow, memory probes, the
-            environment a run records, the code hash that reruns a job, the workflow's paths;
+- runtime:  what a job runs on: GPU leases and the quiet lock, the job's tie to the workflow, the job server of a
+            CPU study, memory probes, the environment a run records, the code hash that reruns a job, the workflow's
+            paths;
 - analysis: statistics files and what is derived from them: summaries, comparisons, verdicts, their calibration;
 - training: one run: backends, the native decoder, rewards, data, faults, priming, the tiny and random models, the
             trainer's set-up and the recorder of its steps;

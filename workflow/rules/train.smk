@@ -57,6 +57,10 @@ rule train:
 # Run locally, a backend that cannot train on this machine stops the workflow before any job starts
 # (each train job checks again at its start, which is what counts on a cluster: there the planning
 # machine, e.g. a login node, need not have the GPU stack).
+# A CPU study run locally starts its jobs from the job server (grpo_equivalence.runtime.jobserver), one interpreter
+# that imported torch, transformers, PEFT and TRL once: a tiny job spends seconds importing them and one training.
+# Started last, with the environment its jobs get, where enough jobs import TRL to pay for it; it stops with the
+# workflow, however the workflow ends.
 onstart:
     os.environ[runcache.FORCED_ENV] = json.dumps(forced_train_outputs())
     if workflow.local_exec:
@@ -65,3 +69,20 @@ onstart:
             from grpo_equivalence.training.session import check_runnable
 
             check_runnable(config, pending)
+        from grpo_equivalence.runtime import jobserver
+
+        needed = [job.rule.name for job in workflow.dag.needrun_jobs()]
+        if config["job_server"] and config["gpus_per_train_job"] == 0 and jobserver.worth_starting(needed):
+            jobserver.start(os.getpid(), paths.JOB_SERVER_LOG, offline=OFFLINE)
+
+
+onsuccess:
+    from grpo_equivalence.runtime import jobserver
+
+    jobserver.stop()
+
+
+onerror:
+    from grpo_equivalence.runtime import jobserver
+
+    jobserver.stop()

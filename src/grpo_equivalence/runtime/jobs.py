@@ -24,16 +24,27 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFL
 
 
 def arguments(argv=None) -> dict:
-    """SETTINGS and IO merged, with the job's process environment set before any library is imported."""
-    argv = sys.argv[1:] if argv is None else argv
+    """SETTINGS and IO merged, with the job's process environment set before any library is imported. A job's own
+    call (its command line's arguments) first hands the job to the workflow's job server where one runs it."""
+    own = argv is None
+    argv = sys.argv[1:] if own else argv
     if len(argv) != 2:
         sys.exit(f"usage: python {Path(sys.argv[0]).name} SETTINGS_JSON IO_JSON (a job of the workflow: run it "
                  f"through snakemake)")
     args = {**json.loads(argv[0]), **json.loads(argv[1])}
-    os.environ.update(NO_TELEMETRY)
-    if args.get("offline"):
-        os.environ.update(OFFLINE)
+    if own:
+        from . import handover
+
+        handover.hand_over(workflow_process())  # a CPU study's local job: run in the workflow's job server
+    apply_environment(offline=bool(args.get("offline")))
     return args
+
+
+def apply_environment(*, offline: bool) -> None:
+    """What every job sets in its environment before any library reads it (the job server too, before it imports)."""
+    os.environ.update(NO_TELEMETRY)
+    if offline:
+        os.environ.update(OFFLINE)
 
 
 def _parent(pid: int) -> int | None:
