@@ -290,6 +290,10 @@ def test_a_full_disk_at_the_end_of_training_loses_nothing(own):
     log = (own / LOG).read_text()
     assert trained(log) and f"{RUN} could not be written (No space left on device)" in log, log[-3000:]
     assert "the finished run is kept in results/cache/runs/" in log and "Traceback" not in log
+    # on the console: the job's last line and where its log is, not its settings (they are in a file, @FILE)
+    last = log.strip().splitlines()[-1]
+    assert f"job failed (status 1): {last}" in full.stderr and f"(the whole log: {LOG})" in full.stderr
+    assert '"learning_rate"' not in full.stderr and "@.snakemake/grpo-equivalence/args/" in full.stderr
     again = run(own)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "restored from the run cache" in (own / LOG).read_text()

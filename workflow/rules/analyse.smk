@@ -17,7 +17,7 @@ rule summarise:
     log:
         log_for("summarise/{backend}_{steps}"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND
 
 
 rule compare:
@@ -37,4 +37,4 @@ rule compare:
     log:
         log_for("compare/{candidate}_vs_{reference}_{steps}"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND

@@ -22,6 +22,7 @@ if (SRC / "grpo_equivalence").is_dir():
 from grpo_equivalence.report.render import template_files
 from grpo_equivalence.runtime import paths
 from grpo_equivalence.runtime.codedeps import code_hash
+from grpo_equivalence.runtime.jobs import args_file
 from grpo_equivalence.runtime.paths import SCHEMA
 from grpo_equivalence.study import gpushare, runcache, schedule
 from grpo_equivalence.study.config import RANDOM, TINY, ConfigError, load_study, with_overrides
@@ -92,9 +93,15 @@ LOCAL_INPUTS = local_input_files(config)
 
 
 def job_args(**args):
-    """A job's arguments as one JSON string. As the `settings` param, a change in them reruns the job;
-    Snakemake ignores params computed from input or output paths (`io`) when deciding that."""
-    return json.dumps(args, sort_keys=True, default=str)
+    """A job's arguments, as @FILE of their JSON (named after its content). As the `settings` param, a change in
+    them reruns the job; Snakemake ignores params computed from input or output paths (`io`) when deciding that."""
+    return args_file(json.dumps(args, sort_keys=True, default=str), paths.JOB_ARGS)
+
+
+# Every job's command: its script with its two arguments, its output to its log; when it fails, its last line and
+# the log's path on the console (grpo_equivalence.runtime.jobs.last_error), and its status kept
+JOB_COMMAND = ("python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1 "
+               "|| python -m grpo_equivalence.runtime.jobs {log:q} $?")
 
 
 def io_args(**args):

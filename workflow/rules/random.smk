@@ -19,4 +19,4 @@ rule prepare_random_model:
     log:
         log_for("prepare_random_model"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND

@@ -18,7 +18,7 @@ rule plot_curves:
     log:
         log_for("plot_curves_{steps}"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND
 
 
 rule plot_speed:
@@ -36,7 +36,7 @@ rule plot_speed:
     log:
         log_for("plot_speed"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND
 
 
 rule render_report:
@@ -67,4 +67,4 @@ rule render_report:
     log:
         log_for("render_report"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND

@@ -39,4 +39,4 @@ rule rollout_check:
     log:
         log_for("rollout/{backend}{replicate}"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND

@@ -14,7 +14,7 @@ rule prepare_model:
     log:
         log_for("prepare_model"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND
 
 
 rule prepare_data:
@@ -30,7 +30,7 @@ rule prepare_data:
     log:
         log_for("prepare_data"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND
 
 
 rule prime:
@@ -40,6 +40,8 @@ rule prime:
     output:
         directory(paths.PRIMED_MODEL),
     params:
+        # The system prompt is part of every prompt priming trains on (training.prime.encode): a changed one primes
+        # the model again, as the model then answers other prompts
         settings=job_args(
             tiny=config.get("tiny"), system_prompt=config.get("system_prompt"), dtype=config["dtype"]
         ),
@@ -54,4 +56,4 @@ rule prime:
     log:
         log_for("prime"),
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND

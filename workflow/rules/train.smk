@@ -48,7 +48,7 @@ rule train:
     benchmark:
         paths.BENCHMARK.format(name=paths.TRAIN_LOG)
     shell:
-        "python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1"
+        JOB_COMMAND
 
 
 # A job Snakemake was told to rerun (--forcerun, --forceall, -f on its file) trains, whatever the run cache holds:

@@ -1,8 +1,8 @@
 """What every job of the workflow shares: its arguments, its network policy, and its tie to the workflow.
 
-A rule runs `python workflow/scripts/STAGE.py SETTINGS_JSON IO_JSON` through `shell:`. SETTINGS are what the
-job's result depends on (Snakemake compares them and reruns the job when they change); IO are the paths,
-threads and process settings it runs with (Snakemake does not compare params derived from paths). Rules use
+A rule runs `python workflow/scripts/STAGE.py @SETTINGS @IO` through `shell:` (files of JSON, args_file).
+SETTINGS are what the job's result depends on (Snakemake compares them and reruns the job when they change); IO are
+the paths, threads and process settings it runs with (Snakemake does not compare params derived from paths). Rules use
 `shell:` rather than `script:` because Snakemake reruns a `script:` job whenever the script's modification
 time changes, as it does for every file of a fresh clone; a shell command is compared by its text, and each
 rule's `code` param hashes the script's content with the package modules it imports (codedeps).
@@ -29,15 +29,49 @@ def arguments(argv=None) -> dict:
     own = argv is None
     argv = sys.argv[1:] if own else argv
     if len(argv) != 2:
-        sys.exit(f"usage: python {Path(sys.argv[0]).name} SETTINGS_JSON IO_JSON (a job of the workflow: run it "
-                 f"through snakemake)")
-    args = {**json.loads(argv[0]), **json.loads(argv[1])}
+        sys.exit(f"usage: python {Path(sys.argv[0]).name} SETTINGS IO (each JSON or @FILE of it; a job of the "
+                 f"workflow: run it through snakemake)")
+    args = {**json.loads(_text(argv[0])), **json.loads(_text(argv[1]))}
     if own:
         from . import handover
 
         handover.hand_over(workflow_process())  # a CPU study's local job: run in the workflow's job server
     apply_environment(offline=bool(args.get("offline")))
     return args
+
+
+def _text(argument: str) -> str:
+    """A job's argument: JSON, or @FILE holding it (args_file)."""
+    return Path(argument[1:]).read_text() if argument.startswith("@") else argument
+
+
+def args_file(text: str, folder) -> str:
+    """@FILE for a job's JSON argument: a file named after its content, in `folder`, written once. The command a job
+    runs stays a line long (Snakemake prints it when the job fails), and the name still changes with the content,
+    which is what Snakemake compares to rerun a job whose settings changed."""
+    import hashlib
+
+    path = Path(folder) / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(text)
+        partial.replace(path)
+    return f"@{path}"
+
+
+def last_error(log: str, status: int) -> None:
+    """Why a job failed, on the console: its log's last line (the exception Python printed last, or the job's own
+    message), and where the whole log is; exits with the job's status."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    said = lines[-1][:400] if lines else "(its log is empty)"
+    print(f"job failed (status {status}): {said}\n  (the whole log: {log})", file=sys.stderr)
+    sys.exit(status or 1)
 
 
 def apply_environment(*, offline: bool) -> None:
@@ -127,3 +161,7 @@ def stop_with_workflow(log=print, poll_s: float = 1.0) -> int | None:
 
     threading.Thread(target=watch, name="stop-with-workflow", daemon=True).start()
     return pid
+
+
+if __name__ == "__main__":  # a rule's command when its job fails: python -m grpo_equivalence.runtime.jobs LOG STATUS
+    last_error(sys.argv[1], int(sys.argv[2]))

@@ -27,6 +27,7 @@ PRIMED_MODEL = "results/tiny/primed"
 RANDOM_MODEL = "results/random/model"  # a real architecture with random weights (model: random)
 LOG = "results/logs/{name}.log"  # one log per job, name given by the rule
 TRAIN_LOG = "train/{backend}_{steps}{replicate}"  # a train job's log name (LOG's {name})
+JOB_ARGS = ".snakemake/grpo-equivalence/args"  # each job's settings and io, a file per content (jobs.args_file)
 JOB_SERVER_LOG = "results/logs/jobserver.log"  # the job server of a local CPU study (runtime.jobserver)
 BENCHMARK = "results/benchmarks/{name}.tsv"  # Snakemake's own wall time and memory of a job, name given by the rule
 ADAPTER = "results/adapters/{backend}_{steps}{replicate}"  # a run's trained adapter (save_adapters)
