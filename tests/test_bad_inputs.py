@@ -6,6 +6,7 @@ Each table below is the catalogue for one kind of input; every row is a test.
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -46,10 +47,10 @@ STUDIES = [
      "e.jsonl is empty; it needs one problem per line"),
     ("a data file without the study's columns",
      lambda c, d: c.update(dataset={"path": "json", "data_files": write_data(d / "q.jsonl", '{"question": "1+1", "solution": "2"}\n')}),
-     "q.jsonl has no column 'prompt' (columns: question, solution); set dataset.prompt_column / dataset.answer_column"),
-    ("a csv data file without the answer column",
-     lambda c, d: c.update(dataset={"path": "csv", "data_files": write_data(d / "q.csv", "prompt,answer\n1+1,2\n")}),
-     "q.csv has no column 'solution' (columns: answer, prompt)"),
+     "q.jsonl has no column 'prompt' (columns: question, solution); set dataset.prompt_column"),
+    ("a csv data file without the answer column the study's rewards take",
+     lambda c, d: c.update(dataset={"path": "csv", "data_files": write_data(d / "q.csv", "prompt,result\n1+1,2\n")}),
+     "reward 'check_answer' takes 'answer', a column the data set does not have (its columns: prompt, result)"),
     ("a csv data file with only its header",
      lambda c, d: c.update(dataset={"path": "csv", "data_files": write_data(d / "h.csv", "prompt,solution\n\n")}),
      "h.csv has a header but no rows; it needs one problem per row"),
@@ -84,8 +85,9 @@ def test_a_data_file_with_a_byte_order_mark_is_read_as_load_dataset_reads_it(tin
     tiny_config.update(dataset=dataset)
     check(tiny_config)
     assert load_problems(dataset, system_prompt=None)[0]["answer"] == "2"
-    path.write_bytes(b"\xef\xbb\xbf" + text.replace("solution", "answer").encode())  # still names what is missing
-    with pytest.raises(ConfigError, match=f"{name} has no column 'solution' \\(columns: answer, prompt\\)"):
+    path.write_bytes(b"\xef\xbb\xbf" + text.replace("solution", "result").encode())  # still names what is missing
+    with pytest.raises(ConfigError, match="reward 'check_answer' takes 'answer', a column the data set does not have "
+                                          "\\(its columns: prompt, result\\)"):
         check(tiny_config)
 
 
@@ -141,8 +143,10 @@ def test_a_section_on_the_command_line_merges_into_the_studys(tmp_path):
     result = run_snakemake(tmp_path, ROOT / "studies" / "tiny.yaml", "grpo={learning_rate: 1.0e-5, adam_beta2: 0.99}",
                            "--dry-run", "--printshellcmds")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert '"learning_rate": 1e-05' in result.stdout and '"adam_beta2": 0.99' in result.stdout
-    assert '"num_generations": 4' in result.stdout  # the rest of the section is still there
+    # each job's settings are in the file its command names (@FILE: a command a line long)
+    settings = "".join((tmp_path / name).read_text() for name in re.findall(r"@(\S+\.json)", result.stdout))
+    assert '"learning_rate": 1e-05' in settings and '"adam_beta2": 0.99' in settings
+    assert '"num_generations": 4' in settings  # the rest of the section is still there
 
 
 def test_config_values_on_the_command_line_are_typed(tmp_path):
@@ -301,3 +305,20 @@ def test_a_pipe_in_a_value_does_not_break_the_tables(tmp_path):
     (differing,) = tables_headed(text, "Setting", "hf")
     assert differing == [{"Setting": "trainer.optim", "hf": "c", "vllm": "a|b"}]
     assert "| trainer.optim | c | a\\|b |" in text
+
+
+@pytest.mark.parametrize("grpo", [{"repetition_penalty": 1.1}, {"generation_kwargs": {"min_length": 5}},
+                                  {"generation_kwargs": {"exponential_decay_length_penalty": [2, 3.0]}},
+                                  {"generation_kwargs": {"sequence_bias": {"1": 2.0}, "forced_eos_token_id": 3}}])
+def test_a_sampling_setting_native_does_not_implement_is_refused_by_name_before_any_job(tiny_config, grpo):
+    """An allow-list: what the decoder implements and what does not change what is sampled; the rest by name."""
+    tiny_config["grpo"].update(grpo)
+    check(tiny_config)  # hf implements them all
+    tiny_config.update(backends=["hf", "native"])
+    with pytest.raises(ConfigError, match="grpo: backend 'native' samples with temperature, top_k, top_p and min_p "
+                                          "only; this study also sets") as error:
+        check(tiny_config)
+    for name in {**grpo.get("generation_kwargs", {}), **{k: v for k, v in grpo.items() if k != "generation_kwargs"}}:
+        assert f"{name}=" in str(error.value)
+    tiny_config["grpo"].update(repetition_penalty=1.0, generation_kwargs={"top_k": 5, "use_cache": True})
+    check(tiny_config)  # implemented, neutral, or off

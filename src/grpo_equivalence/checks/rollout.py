@@ -98,8 +98,8 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
                 output = trainer._generate(prompts)
                 sample_s += time.perf_counter() - t0
                 prompt_ids, completion_ids, completions, logprobs = output[0], output[1], output[3], output[4]
-                total = _rewards(trainer.reward_funcs, completions, [row["answer"] for row in batch
-                                                                    for _ in range(generations)], prompts)
+                inputs = [row for row in batch for _ in range(generations)]
+                total = _rewards(trainer, inputs, prompts, completions, [list(ids) for ids in completion_ids])
                 sampled += [{"prompt": start + i // generations, "prompt_ids": list(prompt_ids[i]),
                              "completion_ids": list(completion_ids[i]), "reward": total[i],
                              "sampler_logprobs": None if logprobs is None else [float(v) for v in logprobs[i]]}
@@ -151,12 +151,16 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
     return result
 
 
-def _rewards(functions, completions, answers, prompts) -> list[float]:
-    total = [0.0] * len(prompts)
-    for function in functions:
-        for i, value in enumerate(function(completions=completions, answer=answers, prompts=prompts)):
-            total[i] += value if value is not None else math.nan
-    return total
+def _rewards(trainer, inputs: list[dict], prompts, completions, completion_ids) -> list[float]:
+    """Each completion's reward as training computes it: through TRL's own reward path (every column of the data
+    set, completion_ids, the trainer's state; a wrong number of rewards refused; None as NaN), weighted by
+    reward_weights and summed over the functions that scored it; NaN where none did (TRL's "unscorable")."""
+    import torch
+
+    per_function = trainer._calculate_rewards(inputs, prompts, completions, completion_ids)
+    total = (per_function * trainer.reward_weights.to(per_function.device).unsqueeze(0)).nansum(dim=1)
+    total[torch.isnan(per_function).all(dim=1)] = math.nan
+    return [float(value) for value in total]
 
 
 class _Scorer:
@@ -231,6 +235,8 @@ def load(path) -> dict:
         if key not in run:
             raise stats.StatsError(f"{path}: lacks {key}; rerun its rollout_check job")
     for i, completion in enumerate(run["completions"]):
+        if completion.get("reward") == "NaN":  # no reward function scored it (TRL's "unscorable"): as written
+            completion["reward"] = stats.NON_FINITE["NaN"]
         bad = [k for k in COMPLETION_KEYS
                if not isinstance(completion.get(k), (int, float)) or isinstance(completion.get(k), bool)]
         if bad:

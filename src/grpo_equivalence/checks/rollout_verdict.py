@@ -67,11 +67,15 @@ def totals(run: dict) -> dict:
         **{key: sum(c[key] for c in completions) for key in ("decided", "hot_shift", "hot_variance", "cold_shift",
                                                               "cold_variance")},
         "completions": len(completions),
-        "values": {key: [c["tokens" if key == "completion_length" else key] for c in completions]
-                   for key in ("completion_length", "reward")},
-        "by_prompt": {key: {p: statistics.fmean(c["tokens" if key == "completion_length" else key] for c in cs)
-                            for p, cs in per_prompt.items()} for key in ("completion_length", "reward")},
+        # a reward of NaN: no reward function scored the completion (TRL's "unscorable"), left out as training does
+        "unscorable": sum(not math.isfinite(c["reward"]) for c in completions),
+        "values": {key: [v for c in completions if math.isfinite(v := c[_FIELD[key]])] for key in _FIELD},
+        "by_prompt": {key: {p: statistics.fmean(values) for p, cs in per_prompt.items()
+                            if (values := [v for c in cs if math.isfinite(v := c[_FIELD[key]])])} for key in _FIELD},
     }
+
+
+_FIELD = {"completion_length": "tokens", "reward": "reward"}  # each paired test's value in a completion's record
 
 
 def support_test(ref: dict, cand: dict, *, alpha: float, margin: float) -> dict:
@@ -126,6 +130,11 @@ def paired_test(ref: dict, cand: dict, key: str, *, alpha: float, margin_sd: flo
     from scipy.stats import t as student
 
     shared = sorted(set(ref["by_prompt"][key]) & set(cand["by_prompt"][key]))
+    if not ref["values"][key] or not cand["values"][key]:  # every reward function returned None for every completion
+        return {"p_value": 1.0, "difference": 0.0, "se": 0.0, "prompts": 0, "margin": 0.0, "equivalent": False,
+                "no_variation": True, "reference_mean": None, "candidate_mean": None,
+                "reason": f"no completion of {'the reference' if not ref['values'][key] else 'this backend'} had a "
+                          f"{key} (every reward function returned None)"}
     if len(shared) < 2:
         raise StatsError("the rollout checks share fewer than two prompts; give both the same rollout_check settings")
     differences = [cand["by_prompt"][key][p] - ref["by_prompt"][key][p] for p in shared]

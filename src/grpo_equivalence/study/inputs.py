@@ -94,17 +94,21 @@ def local_input_files(config: dict) -> list[str]:
     return [str(p) for p in dict.fromkeys(found)]
 
 
-def _local_data_problems(dataset: dict) -> list[str]:
-    """The data file of a file builder: there, not empty, with the prompt and answer columns (json lines, csv)."""
+def _local_data(dataset: dict) -> tuple[list[str], set[str] | None]:
+    """The data files of a file builder checked (there, not empty, with the prompt column, its first prompt text or
+    chat messages, json lines and csv read), and the columns every file has (None where one cannot be read here)."""
+    from ..training.answer_format import message_problem
+
     files = dataset.get("data_files")
     if not files:
-        return [f'dataset.data_files: the "{dataset["path"]}" builder reads local files; name them in dataset.data_files']
-    problems = []
-    columns = [dataset.get("prompt_column", "prompt"), dataset.get("answer_column", "solution")]
+        return [f'dataset.data_files: the "{dataset["path"]}" builder reads local files; name them in '
+                f'dataset.data_files'], None
+    problems, columns, prompt_col = [], [], dataset.get("prompt_column", "prompt")
     for name in [files] if isinstance(files, str) else files:
         path = Path(name).expanduser()
         if any(c in name for c in "*?[") or "://" in name:
-            continue  # a pattern or remote URL: load_dataset resolves it
+            columns.append(None)  # a pattern or remote URL: load_dataset resolves it
+            continue
         if not path.is_file():
             problems.append(f"dataset.data_files: {name} does not exist; fix the path (relative to the folder snakemake "
                             f"runs in)")
@@ -115,13 +119,16 @@ def _local_data_problems(dataset: dict) -> list[str]:
         if first is None:
             problems.append(f"dataset.data_files: {name} is empty; it needs one problem per line (or row)")
             continue
+        row = None
         if dataset["path"] == "json" and first.lstrip().startswith("{"):
             import json
 
             try:
-                present = set(json.loads(first))
+                row = json.loads(first)
             except ValueError:
+                columns.append(None)
                 continue  # a JSON array file or another layout: load_dataset will say
+            present = set(row)
         elif dataset["path"] == "csv":
             import csv
 
@@ -132,12 +139,31 @@ def _local_data_problems(dataset: dict) -> list[str]:
                 problems.append(f"dataset.data_files: {name} has a header but no rows; it needs one problem per row")
                 continue
         else:
+            columns.append(None)
             continue
-        missing = [c for c in columns if c not in present]
-        if missing:
-            problems.append(f"dataset: {name} has no column {', '.join(map(repr, missing))} (columns: "
-                            f"{', '.join(sorted(present))}); set dataset.prompt_column / dataset.answer_column")
-    return problems
+        columns.append(present)
+        if prompt_col not in present:
+            problems.append(f"dataset: {name} has no column {prompt_col!r} (columns: {', '.join(sorted(present))}); "
+                            f"set dataset.prompt_column")
+        elif row is not None and (problem := message_problem(row[prompt_col])):
+            problems.append(f"dataset: {name}, column {prompt_col!r} of its first row: {problem}")
+    known = None if not columns or None in columns else set.intersection(*columns)
+    return problems, known
+
+
+def data_columns(config: dict) -> set[str] | None:
+    """The columns the train jobs' data set will have (training.data.load_problems), where they can be known before
+    any job: the tiny data set's, or what local json lines or csv files have; None for a hub data set or a pattern."""
+    from ..training import tiny
+    from ..training.data import columns_after_loading
+
+    dataset = config["dataset"]
+    if dataset["path"] == TINY:
+        return columns_after_loading(tiny.COLUMNS, dataset)
+    if dataset["path"] in FILE_BUILDERS:
+        problems, columns = _local_data(dataset)
+        return columns_after_loading(columns, dataset) if columns is not None and not problems else None
+    return None
 
 
 def input_problems(config: dict) -> list[str]:
@@ -153,7 +179,7 @@ def input_problems(config: dict) -> list[str]:
             problems.append(f"model: {model} has no config.json; give the folder that save_pretrained wrote")
     dataset = config["dataset"]
     if dataset["path"] in FILE_BUILDERS:
-        problems += _local_data_problems(dataset)
+        problems += _local_data(dataset)[0]
     elif dataset["path"] != TINY and dataset["path"].startswith(("/", ".", "~")) and not Path(dataset["path"]).expanduser().exists():
         problems.append(f"dataset.path: {dataset['path']} does not exist; give a data set folder or file, a hub id, or "
                         f"a builder (json, csv, parquet) with dataset.data_files")

@@ -6,7 +6,7 @@ so that a user fixes the config in one go rather than one error per run.
 
 from ..training.grpo_fields import grpo_field_problems
 from .config import RANDOM, TINY, ConfigError, schema_problems
-from .inputs import CHAT_TEMPLATE_STUDY, chat_template_file, input_problems, random_model_problems
+from .inputs import CHAT_TEMPLATE_STUDY, chat_template_file, data_columns, input_problems, random_model_problems
 
 TINY_MODEL_KEYS = ("hidden_size", "num_layers", "prime_steps", "prime_batch_size", "prime_learning_rate")
 
@@ -41,6 +41,12 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
         if fault is not None and fault not in FAULTS:
             problems.append(f"backends: {name!r} names an unknown fault {fault!r}; choose among {', '.join(FAULTS)} "
                             f"(BACKEND+FAULT), or drop it")
+    if any(split(name)[0] == "native" for name in backends) and isinstance(config.get("grpo"), dict):
+        from ..training.decoder.sampling import study_problems as native_problems
+
+        problems += [f"grpo: backend 'native' samples with temperature, top_k, top_p and min_p only; this study also "
+                     f"sets {', '.join(found)}: remove them, or drop 'native'" for found in [native_problems(
+                         config["grpo"])] if found]
     from ..analysis.margins import LOG_SCALE
 
     for metric, spec in (_get(config, "verdict", "margins", kind=dict) or {}).items():
@@ -124,7 +130,8 @@ def check(config: dict, bases=()) -> None:
         except rewards.RewardSpecError as error:
             problems = [f"rewards: {error}"]
         else:
-            problems = rewards.problems(specs, (config.get("grpo") or {}).get("reward_weights"), written)
+            problems = rewards.problems(specs, (config.get("grpo") or {}).get("reward_weights"), written,
+                                        columns=data_columns(config))
         template = config.get("chat_template")
         if template not in (None, CHAT_TEMPLATE_STUDY) and "{" not in template and chat_template_file(template, bases) is None:
             problems.append(f"chat_template: {template!r} is neither a Jinja template nor a file here; give the file's "

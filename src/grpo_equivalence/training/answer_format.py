@@ -45,6 +45,30 @@ def conversation(problem: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict]
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": problem}]
 
 
+def prompt_messages(prompt, system_prompt: str = SYSTEM_PROMPT) -> list[dict]:
+    """A data set's prompt as chat messages: text becomes the user's turn after the system prompt; chat messages
+    (TRL's conversational format) are kept, the system prompt put first only where they have none."""
+    if isinstance(prompt, str):
+        return conversation(prompt, system_prompt)
+    if problem := message_problem(prompt):
+        raise ValueError(problem)
+    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    return messages if messages[0]["role"] == "system" else [{"role": "system", "content": system_prompt}, *messages]
+
+
+def message_problem(prompt) -> str | None:
+    """Why `prompt` is neither text nor a list of chat messages ({"role": ..., "content": text}), or None."""
+    if isinstance(prompt, str):
+        return None
+    if not isinstance(prompt, list) or not prompt:
+        return f"a prompt is text or a list of chat messages, not {type(prompt).__name__} {str(prompt)[:60]!r}"
+    for message in prompt:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(
+                message.get("content"), str):
+            return (f"a prompt's chat message is {{\"role\": ..., \"content\": text}}, not {str(message)[:80]!r}")
+    return None
+
+
 def target_completion(working: str, answer: str) -> str:
     """A completion in the exact format (what priming teaches the tiny model)."""
     return f"{working}{REASONING_END}{SOLUTION_START}{answer}{SOLUTION_END}"

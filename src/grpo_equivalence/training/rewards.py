@@ -154,6 +154,39 @@ def _signature_problem(spec: str, function) -> str | None:
     return None
 
 
+# What TRL's GRPOTrainer passes every reward function besides the data set's columns (_calculate_rewards, TRL 1.15 and
+# 1.16); the columns named prompt, completion and completion_ids are not passed as such
+TRL_REWARD_ARGUMENTS = frozenset(("prompts", "completions", "completion_ids", "trainer_state", "log_extra",
+                                  "log_metric", "environments"))
+NOT_PASSED_COLUMNS = frozenset(("prompt", "completion", "completion_ids"))
+
+
+def _required_arguments(function) -> list[str]:
+    """The keyword arguments `function` cannot do without (no default; not *args or **kwargs)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def missing_columns(functions, columns) -> list[str]:
+    """One line per reward function that takes a column the data set lacks, naming both and the fix: TRL would fail
+    at the first step with a TypeError."""
+    available = TRL_REWARD_ARGUMENTS | (set(columns) - NOT_PASSED_COLUMNS)
+    found = []
+    for function in functions:
+        missing = [name for name in _required_arguments(function) if name not in available]
+        if missing:
+            found.append(f"reward {getattr(function, '__name__', function)!r} takes {', '.join(map(repr, missing))}, "
+                         f"a column the data set does not have (its columns: {', '.join(sorted(columns))}); add it to "
+                         f"the data, or point dataset.answer_column at the column that holds the answer (it is passed "
+                         f"as 'answer')")
+    return found
+
+
 def load(specs: list[str], eos_token: str | None) -> list:
     """The reward functions of `specs` (resolved), in order: the study's set expands to its four."""
     functions = []
@@ -162,10 +195,11 @@ def load(specs: list[str], eos_token: str | None) -> list:
     return functions
 
 
-def problems(specs: list[str], reward_weights=None, written: list[str] | None = None) -> list[str]:
+def problems(specs: list[str], reward_weights=None, written: list[str] | None = None, columns=None) -> list[str]:
     """Every spec (resolved) imported and checked (a function taking **kwargs, names unique, weights one per
-    function), one line each, naming the key as the study wrote it (`written`) and the fix."""
-    found, names = [], []
+    function, and where the data set's `columns` are known, no argument the data set has no column for), one line
+    each, naming the key as the study wrote it (`written`) and the fix."""
+    found, names, loaded = [], [], []
     for i, spec in enumerate(specs):
         said = (written or specs)[i]
         try:
@@ -180,10 +214,13 @@ def problems(specs: list[str], reward_weights=None, written: list[str] | None = 
             if (problem := _signature_problem(said, function)) is not None:
                 found.append(f"rewards[{i}]: {problem}")
             names.append(getattr(function, "__name__", spec))
+            loaded.append((i, function))
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         found.append(f"rewards: {', '.join(twice)} named twice; TRL logs each function as rewards/<its name>/mean, so "
                      f"give each a name of its own")
+    if columns is not None:
+        found += [f"rewards[{i}]: {line}" for i, function in loaded for line in missing_columns([function], columns)]
     if isinstance(reward_weights, list) and not found and len(reward_weights) != len(names):
         found.append(f"grpo.reward_weights: {len(reward_weights)} weight(s) for {len(names)} reward function(s) "
                      f"({', '.join(names)}); give one weight per function")

@@ -127,6 +127,9 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
         tokenizer = loaded.tokenizer
         use_chat_template(tokenizer, config.get("chat_template"))
         problems = load_problems(dataset, system_prompt=config.get("system_prompt"), tokenizer=tokenizer)
+        reward_funcs = rewards.load(config.get("rewards") or [rewards.STUDY_SET], tokenizer.eos_token)
+        if missing := rewards.missing_columns(reward_funcs, problems.column_names):  # a hub data set's, known now
+            raise ValueError("; ".join(missing))
         # No checkpoints are saved; the trainer's output_dir is a scratch folder, not a result.
         with tempfile.TemporaryDirectory(prefix=f"grpo_{backend_name}_{max_steps}_") as scratch:
             overrides = backend.grpo_overrides(options)
@@ -143,7 +146,7 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
             trainer = GRPOTrainer(
                 model=loaded.model,
                 processing_class=tokenizer,
-                reward_funcs=rewards.load(config.get("rewards") or [rewards.STUDY_SET], tokenizer.eos_token),
+                reward_funcs=reward_funcs,
                 args=args,
                 train_dataset=problems,
                 peft_config=loaded.peft_config,

@@ -87,6 +87,9 @@ def save_model(out_dir: Path, *, hidden_size: int, num_layers: int, seed: int) -
     tokenizer.save_pretrained(out_dir)
 
 
+COLUMNS = ("prompt", "solution", "working")  # DAPO-Math's, and the working out that priming teaches
+
+
 def problems(n: int, max_operand: int, seed: int) -> list[dict]:
     """`n` sums `a+b` with operands in [0, max_operand], in DAPO-Math's columns (prompt, solution).
 
@@ -97,7 +100,7 @@ def problems(n: int, max_operand: int, seed: int) -> list[dict]:
     rows = []
     for _ in range(n):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        rows.append({"prompt": f"{a}+{b}", "solution": str(a + b), "working": f"{a}+{b}={a + b}"})
+        rows.append(dict(zip(COLUMNS, (f"{a}+{b}", str(a + b), f"{a}+{b}={a + b}"), strict=True)))
     return rows
 
 

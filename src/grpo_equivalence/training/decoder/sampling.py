@@ -2,19 +2,38 @@
 needs no host synchronisation (so that it can live in a CUDA graph)."""
 
 
-# Settings of a GenerationConfig that change sampling in ways this decoder does not implement, with the value
-# that means "off"
-UNSUPPORTED = {"repetition_penalty": 1.0, "top_h": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-               "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None,
-               "begin_suppress_tokens": None, "min_new_tokens": None, "num_beams": 1, "encoder_repetition_penalty": 1.0}
+# What of a GenerationConfig this decoder implements, and what does not change what is sampled (token ids, the KV
+# cache, the output's form). Any other setting is refused by name, unless it holds the value that means "off"
+# (OFF): an allow-list, so that a setting transformers adds later is refused rather than silently ignored.
+IMPLEMENTED = ("temperature", "top_k", "top_p", "min_p", "max_new_tokens", "do_sample")
+NEUTRAL = ("pad_token_id", "bos_token_id", "eos_token_id", "use_cache", "cache_implementation", "disable_compile",
+           "max_length", "return_dict_in_generate", "output_scores", "output_logits", "output_attentions",
+           "output_hidden_states", "transformers_version", "_from_model_config", "compile_config")
+OFF = {"repetition_penalty": 1.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "num_beams": 1,
+       "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "length_penalty": 1.0, "num_return_sequences": 1}
 
 
 TIES = 16  # logits beyond top_k drawn among, so that ties with the k-th are kept as transformers keeps them
 
 
+def unsupported(settings: dict) -> list[str]:
+    """The settings (name: value) that change sampling in a way this decoder does not implement, as name=value."""
+    return [f"{key}={value!r}" for key, value in settings.items()
+            if key not in IMPLEMENTED and key not in NEUTRAL and value is not None and value != OFF.get(key, None)]
+
+
+def study_problems(grpo: dict) -> list[str]:
+    """The study's sampling settings backend 'native' does not implement (its `grpo` section: repetition_penalty and
+    generation_kwargs reach the GenerationConfig), each by name, before any job."""
+    settings = {"repetition_penalty": grpo.get("repetition_penalty"), **(grpo.get("generation_kwargs") or {})}
+    found = unsupported(settings)
+    if grpo.get("generation_kwargs", {}).get("do_sample") is False:
+        found.append("do_sample=False")
+    return found
+
+
 def check_sampling(generation) -> None:
-    problems = [f"{key}={value!r}" for key, off in UNSUPPORTED.items()
-                if (value := getattr(generation, key, off)) is not None and value != off]
+    problems = unsupported(generation.to_diff_dict())
     if getattr(generation, "max_new_tokens", None) is None:
         problems.append("no max_new_tokens")
     if not getattr(generation, "do_sample", True):
