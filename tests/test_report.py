@@ -206,3 +206,14 @@ def test_the_report_states_each_margin_in_words_and_its_report_wide_false_diverg
     assert "loss within 1 SD of a seed-to-seed difference of the reference" in text
     # two candidates, each its own family at alpha 0.05: at most 10 %, 9.75 % were they independent
     assert "with 2 candidates, each at alpha 0.05" in text and "at most\n10.0 % (9.8 % were the candidates" in text
+
+
+def test_a_reward_function_that_scored_nothing_is_named_in_the_report_with_the_reason(tmp_path):
+    for backend, value in (("vllm", 1.0), ("cb_paged", float("nan"))):
+        run = make_stats(backend, 5)
+        for step in run["steps"]:
+            step["metrics"]["rewards/my_reward/mean"] = value
+        stats.write(tmp_path / f"grpo_{backend}_5.json", run)
+    text = from_stats_dir(tmp_path, "vllm")
+    assert ("Reward function `my_reward` is not judged for cb_paged: scored no completion at every step of cb_paged "
+            "x 5 (seed 3407) (it returned None or NaN for every completion there).") in text

@@ -1,5 +1,8 @@
+import json
+
 import pytest
 
+from grpo_equivalence.analysis import stats
 from grpo_equivalence.analysis.compare import NOT_LOGGED, compare
 from grpo_equivalence.analysis.stats import StatsError
 from grpo_equivalence.analysis.summary import summarise
@@ -97,3 +100,35 @@ def test_runs_of_one_role_must_be_one_backend_with_distinct_seeds():
         compare([make_stats("vllm", 4), make_stats("vllm", 4)], [make_stats("hf", 4)])
     with pytest.raises(StatsError, match="several backends"):
         compare([make_stats("vllm", 4), make_stats("hf", 4, seed=1)], [make_stats("hf", 4)])
+
+
+def with_reward_function(run, values):
+    for step, value in zip(run["steps"], values, strict=True):
+        step["metrics"]["rewards/my_reward/mean"] = value
+    return run
+
+
+def test_a_reward_function_that_scored_nothing_is_named_and_not_judged_instead_of_failing_the_report():
+    """A reward function returning None (or NaN) for every completion: TRL logs NaN as its mean. It is named with
+    the reason, and the other metrics are judged as before (it used to end the report as a 'diverged run')."""
+    nan = float("nan")
+    reference = [with_reward_function(make_stats("hf", seed=s), [1.0] * 6) for s in (3407, 3408, 3409)]
+    candidate = [with_reward_function(make_stats("cb_paged", seed=s), [nan] * 6) for s in (3407, 3408, 3409)]
+    result = compare(reference, candidate)
+    assert "my_reward" not in result["reward_functions"]
+    assert result["reward_functions_not_judged"] == {"my_reward": "scored no completion at every step of cb_paged x 6 "
+                                                     "(seed 3407) (it returned None or NaN for every completion there)"}
+    candidate[0]["steps"][2]["metrics"]["rewards/my_reward/mean"] = 1.0
+    assert "at step(s) 1, 2, 4, 5, 6" in compare(reference, candidate)["reward_functions_not_judged"]["my_reward"]
+    judged = compare(reference, [with_reward_function(make_stats("cb_paged", seed=s), [1.0] * 6)
+                                 for s in (3407, 3408, 3409)])
+    assert "my_reward" in judged["reward_functions"] and judged["reward_functions_not_judged"] == {}
+
+
+def test_a_reward_functions_metric_that_is_not_a_number_is_refused_naming_run_step_and_metric(tmp_path):
+    run = with_reward_function(make_stats("hf"), [1.0, 1.0, "abc", 1.0, 1.0, 1.0])
+    path = tmp_path / "grpo_hf_6.json"
+    path.write_text(json.dumps(run))  # as an edited or foreign file has it: a train job never writes it (stats.write)
+    with pytest.raises(stats.StatsError, match=r"grpo_hf_6.json: step 3: metrics.rewards/my_reward/mean is str "
+                                               r"\"abc\", not a number"):
+        stats.load(path)

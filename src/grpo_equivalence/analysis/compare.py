@@ -4,7 +4,7 @@ step, the reference's seed-to-seed noise floor, and a verdict per metric (grpo_e
 import statistics
 
 from . import verdict
-from .runs import label, reward_functions, series
+from .runs import label, reward_functions, series, unjudged_reward_functions
 from .stats import StatsError
 from .verdict import METRICS, NOT_LOGGED
 
@@ -69,7 +69,8 @@ def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: fl
             "steps_compared": len(reference["steps"]), "reference_seeds": [r["seed"] for r in reference_runs],
             "candidate_seeds": [r["seed"] for r in candidate_runs], "alpha": alpha, "margin": margin,
             "margins": {m: verdict.margin_words(m, verdict.margin_spec(m, margins, margin)) for m in COMPARED},
-            "metrics_judged": logged, "metrics": metrics, "reward_functions": functions}
+            "metrics_judged": logged, "metrics": metrics, "reward_functions": functions,
+            "reward_functions_not_judged": unjudged_reward_functions([*reference_runs, *candidate_runs])}
 
 
 def family(parts: list[tuple[dict, dict]]) -> tuple[list[dict], list[bool]]:

@@ -18,12 +18,39 @@ REWARD_FUNCTION = re.compile(r"^rewards/(?P<name>.+)/mean$")  # TRL's mean of on
 
 
 def reward_functions(runs: list[dict]) -> list[str]:
-    """The reward functions (TRL's rewards/<name>/mean) every step of every run logged, in their first run's order."""
-    if not runs:
-        return []
-    names = [m["name"] for key in (runs[0]["steps"][0].get("metrics") or {}) if (m := REWARD_FUNCTION.match(key))]
-    return [n for n in names if all(isinstance((s.get("metrics") or {}).get(f"rewards/{n}/mean"), (int, float))
-                                    for r in runs for s in r["steps"])]
+    """The reward functions (TRL's rewards/<name>/mean) every step of every run logged as a finite number, in their
+    first run's order: those judged (unjudged_reward_functions says why the others are not)."""
+    unjudged = unjudged_reward_functions(runs)
+    return [name for name in _logged_functions(runs) if name not in unjudged]
+
+
+def _logged_functions(runs: list[dict]) -> list[str]:
+    names = {}
+    for run in runs:
+        for key in (run["steps"][0].get("metrics") or {}) if run["steps"] else ():
+            if m := REWARD_FUNCTION.match(key):
+                names.setdefault(m["name"], None)
+    return list(names)
+
+
+def unjudged_reward_functions(runs: list[dict]) -> dict[str, str]:
+    """{name: why} for each reward function some run logged that cannot be judged: not logged at a step of a run, or
+    NaN there (TRL's mean over no completion: the function returned None or NaN for every one of them)."""
+    why = {}
+    for name in _logged_functions(runs):
+        for run in runs:
+            values = [(s["step"], (s.get("metrics") or {}).get(f"rewards/{name}/mean")) for s in run["steps"]]
+            absent = [step for step, value in values if value is None]
+            nan = [step for step, value in values if isinstance(value, float) and math.isnan(value)]
+            if absent:
+                why[name] = f"not logged at step {absent[0]} of {label(run)}"
+            elif nan:
+                where = "at every step" if len(nan) == len(values) else f"at step(s) {', '.join(map(str, nan[:5]))}"
+                why[name] = (f"scored no completion {where} of {label(run)} (it returned None or NaN for every "
+                             f"completion there)")
+            if name in why:
+                break
+    return why
 
 
 def label(run: dict) -> str:

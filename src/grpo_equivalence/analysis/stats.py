@@ -39,6 +39,7 @@ STEP_NUMBERS = ("loss", "grad_norm", "reward", "kl")
 # Keys of a step's `metrics` that the summary and the verdicts compute with: numbers, null or NON_FINITE markers
 # (any other key the trainer logged is kept as it was logged).
 READ_METRICS = ("completions/mean_length", "completions/max_length", "entropy", "frac_reward_zero_std")
+REWARD_METRICS = "rewards/"  # TRL's rewards/<function>/mean and /std: judged and drawn as the others are
 
 
 def _encode(value):
@@ -199,8 +200,10 @@ def check(stats, path) -> None:
             raise StatsError(f"{where}: peak_mem_gb is {_describe(peak)}, not a number of GB (or null)")
         if "metrics" in step and not isinstance(step["metrics"], dict):
             raise StatsError(f"{where}: metrics is {_describe(step['metrics'])}, not an object")
-        for key in READ_METRICS:  # the trainer's keys that summaries and verdicts compute with
-            value = step.get("metrics", {}).get(key)
+        metrics = step.get("metrics", {})
+        # the trainer's keys that summaries and verdicts compute with, each reward function's among them
+        for key in [*READ_METRICS, *(k for k in metrics if k.startswith(REWARD_METRICS) and k not in READ_METRICS)]:
+            value = metrics.get(key)
             if not (value is None or _is_number(value) or value in NON_FINITE):
                 raise StatsError(f"{where}: metrics.{key} is {_describe(value)}, not a number (null where not logged; "
                                  f"{', '.join(map(repr, NON_FINITE))} for a non-finite value)")
