@@ -297,3 +297,33 @@ def test_a_full_disk_at_the_end_of_training_loses_nothing(own):
     again = run(own)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "restored from the run cache" in (own / LOG).read_text()
+
+
+FLOODING_JOB = """
+import sys
+sys.path.insert(0, {src!r})
+if {unfailing}:
+    from grpo_equivalence.runtime import jobs
+    jobs.unfailing_streams()
+for i in range(3000):
+    print("a line of the trainer's logs " * 4)  # some 400 kB into a 16 kB disk
+print("and a warning", file=sys.stderr)
+open({out!r}, "w").write("finished")
+"""
+
+
+@pytest.mark.parametrize("unfailing", [True, False])
+def test_a_full_disk_under_the_jobs_log_loses_lines_not_the_job(tmp_path, unfailing):
+    """A job's log on a disk that fills: the job runs to its end (and keeps its run), its log loses lines. Without the
+    job's own streams, Python's fail it (the control: the test can fail)."""
+    disk, out = tmp_path / "disk", tmp_path / "out.txt"
+    disk.mkdir()
+    (tmp_path / "job.py").write_text(FLOODING_JOB.format(src=str(ROOT / "src"), unfailing=unfailing, out=str(out)))
+    namespace = ["unshare", "--mount"] + ([] if os.getuid() == 0 else ["--map-root-user"])
+    command = f'mount -t tmpfs -o size=16k tmpfs "{disk}" && exec "{sys.executable}" "{tmp_path / "job.py"}" > ' \
+              f'"{disk}/job.log" 2>&1'
+    result = subprocess.run([*namespace, "sh", "-c", command], capture_output=True, text=True)
+    if unfailing:
+        assert result.returncode == 0 and out.read_text() == "finished", result.stderr[-2000:]
+    else:
+        assert result.returncode != 0 and not out.exists()

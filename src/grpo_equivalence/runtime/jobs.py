@@ -37,7 +37,56 @@ def arguments(argv=None) -> dict:
 
         handover.hand_over(workflow_process())  # a CPU study's local job: run in the workflow's job server
     apply_environment(offline=bool(args.get("offline")))
+    if own:
+        unfailing_streams()
     return args
+
+
+class LogStream:
+    """A job's standard output or error, its log: written straight to the file descriptor, and a write that fails (a
+    full disk) loses those lines, never the job. Python's own stream raised OSError from inside the trainer's
+    print(logs) after the last step, and again when it flushed at exit (status 120), which lost finished runs."""
+
+    encoding, errors, lost = "utf-8", "replace", 0
+
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def write(self, text: str) -> int:
+        data = text.encode(self.encoding, self.errors)
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+        except OSError:
+            self.lost += 1
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def writable(self) -> bool:
+        return True
+
+    closed = False
+
+
+def unfailing_streams() -> None:
+    """The job's stdout and stderr as LogStreams (what Python buffered so far written first, where it can be)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, LogStream) or stream is None:
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+        setattr(sys, name, LogStream(stream.fileno()))
 
 
 def _text(argument: str) -> str:
