@@ -35,6 +35,8 @@ STUDIES = [
     ("a faulted reference without saying so", lambda c, d: c.update(backends=["hf+temperature_up", "cb_paged"],
                                                                     reference="hf+temperature_up"),
      "reference: 'hf+temperature_up' has an injected fault: every verdict would be against a sampler known to be wrong"),
+    ("thousands of runs (planning them took minutes)", lambda c, d: c.update(replicates={"reference": 1000, "others": 3}),
+     "replicates.reference: 1000 is greater than the maximum of 100"),
     ("a number YAML reads as text", lambda c, d: c["grpo"].update(learning_rate="5e-4"),
      "grpo.learning_rate: '5e-4' is text to YAML, not a number; write it with a dot and a signed exponent, e.g. 5.0e-4"),
     ("a model folder that does not exist", lambda c, d: c.update(model=str(d / "no-such-model")),
