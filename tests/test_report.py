@@ -217,3 +217,12 @@ def test_a_reward_function_that_scored_nothing_is_named_in_the_report_with_the_r
     text = from_stats_dir(tmp_path, "vllm")
     assert ("Reward function `my_reward` is not judged for cb_paged: scored no completion at every step of cb_paged "
             "x 5 (seed 3407) (it returned None or NaN for every completion there).") in text
+
+
+def test_a_backend_with_an_injected_fault_is_marked_wherever_a_table_names_it(tmp_path):
+    for backend in ("hf", "hf+temperature_up"):
+        stats.write(tmp_path / f"grpo_{backend}_5.json", make_stats(backend, 5))
+    text = from_stats_dir(tmp_path, "hf")
+    assert "**Injected faults.** `hf+temperature_up` runs with the sampler's temperature x1.1" in text
+    rows = [line for line in text.splitlines() if line.startswith("|") and "hf+temperature_up" in line]
+    assert len(rows) >= 3 and all("hf+temperature_up (injected fault)" in row for row in rows), rows

@@ -9,6 +9,7 @@ from ..analysis import verdict
 from ..analysis.compare import COMPARED, NOT_LOGGED, compare
 from ..analysis.summary import DEFAULT_SKIP, summarise
 from ..runtime.paths import CURVES_FIGURE, SPEED_FIGURE, TEMPLATES
+from ..training import faults
 from .sections import NOT_RECORDED, SHARED_GPU, reference_run, step_tables, study_settings, warnings_by_backend
 
 TEMPLATE = TEMPLATES / "grpo_equivalence.md.j2"
@@ -20,9 +21,14 @@ def template_files(template: Path = TEMPLATE) -> list[Path]:
     return [Path(template), *sorted(p for p in folder.rglob("*.j2") if p != Path(template))]
 
 
+FAULT_MARK = " (injected fault)"
+
+
 def _cell(value) -> str:
-    """A value as one Markdown table cell: a `|` would end the cell and a newline the row."""
-    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """A value as one Markdown table cell: a `|` would end the cell and a newline the row. A backend run with an
+    injected fault (BACKEND+FAULT) is marked wherever a table names it: never to be read as a backend's own."""
+    text = str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    return text + FAULT_MARK if isinstance(value, str) and faults.split(value)[1] in faults.FAULTS else text
 
 
 def _sig(value, digits: int = 4) -> str:
@@ -60,7 +66,9 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
         verdicts=verdict, not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, shared_gpu=SHARED_GPU,
         figures=figures or {},
         settings=study_settings(reference_run(primaries, reference)), warnings=warnings_by_backend(list(runs.values())),
-        backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)), rollout=rollout)
+        backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)), rollout=rollout,
+        faulted={b: faults.FAULTS[faults.split(b)[1]] for b in sorted({r["backend"] for r in primaries} | set(
+            c["label"] for c in (rollout or {}).get("comparisons", []))) if faults.split(b)[1] in faults.FAULTS})
 
 
 def figures_in(folder: Path, relative_to: Path) -> dict:
