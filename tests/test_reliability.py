@@ -237,6 +237,24 @@ def test_a_changed_local_data_file_retrains_and_changes_the_run(own):
         data.write_text(saved)
 
 
+def test_an_input_replaced_with_an_older_modification_time_still_reruns(own, tmp_path):
+    """`cp -p` of other content over the data file: by Snakemake's times nothing changed; by the file system's change
+    time it did, and the run cache, keyed on content, trains it anew."""
+    data = own / "data.jsonl"
+    saved = data.read_text()
+    other = tmp_path / "other.jsonl"
+    other.write_text(re.sub(r'"solution": "\d+"', '"solution": "888"', saved))  # content no run has had
+    os.utime(other, (1_000_000, 1_000_000))  # 1970: older than every output
+    subprocess.run(["cp", "-p", str(other), str(data)], check=True)
+    try:
+        again = run(own)
+        assert again.returncode == 0, again.stderr[-3000:]
+        log = (own / LOG).read_text()
+        assert trained(log) and "restored from the run cache" not in log, log[-2000:]  # by Snakemake's times: nothing
+    finally:
+        data.write_text(saved)
+
+
 def test_forcerun_trains_although_the_cache_holds_the_run(own):
     result = run(own, "--forcerun", "train")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -16,6 +16,7 @@ rule rollout_check:
             model_path=model_path(),
             dataset=dataset_spec(),
         ),
+        local_inputs=local_input_stamps,
         script=entry_point("rollout_check"),
         code=lambda wildcards: rollout_code(wildcards),
         # code and inputs key the compile caches the check shares with the backend's other jobs (runcache)

@@ -18,6 +18,7 @@ rule train:
             model_path=model_path(),
             dataset=dataset_spec(),
         ),
+        local_inputs=local_input_stamps,
         script=entry_point("train"),
         code=train_code,
         # The run cache's key: these settings, this code, the content of the inputs, and what the job reads of
