@@ -45,6 +45,19 @@ def test_the_readme_is_short_and_links_every_page_of_the_guide():
     assert set(PAGES) - linked == set(), "docs pages the README does not link"
 
 
+def test_each_reliability_promise_of_the_readme_names_tests_that_exist():
+    """Each keyword of a row of the README's Reliability table selects a test (`pytest -k` matches test names)."""
+    section = README.read_text().split("## Reliability", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith(("| Promise", "| ---"))]
+    names = re.findall(r"^def (test_\w+)", "".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py")), re.M)
+    assert len(rows) >= 6
+    for row in rows:
+        expression = re.findall(r"`([^`]+)`", row.rsplit("|", 2)[1])[0]
+        missing = [k for k in expression.split(" or ") if not any(k in name for name in names)]
+        assert not missing, f"{row[:60]}...: no test named with {missing}"
+
+
 @pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
 def test_every_link_leads_to_a_file_of_the_project(page):
     missing = [target for target in links(page) if not (page.parent / target).exists()]

@@ -19,9 +19,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, copy_tiny
-from grpo_equivalence.analysis import stats
 from grpo_equivalence.study import runkey
-from helpers import SMALL_ROLLOUT_CHECK, make_stats
+from helpers import SMALL_ROLLOUT_CHECK
 
 pytestmark = pytest.mark.workflow
 
@@ -201,10 +200,10 @@ def own_study(workdir: Path, primed: dict) -> None:
           model=str(workdir / "my-model"), dataset={"path": "json", "data_files": str(workdir / "data.jsonl")})
 
 
-def run(workdir: Path, *args: str, env=None, prefix=()) -> subprocess.CompletedProcess:
+def run(workdir: Path, *args: str, env=None, prefix=(), target=RUN) -> subprocess.CompletedProcess:
     """Snakemake on the run of `own_study` alone (no summaries, no report: only the train job matters here)."""
     return subprocess.run([*prefix, sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
-                           str(workdir), RUN, "--cores", "2", "--config", f"study={workdir / 'study.yaml'}", *args],
+                           str(workdir), target, "--cores", "2", "--config", f"study={workdir / 'study.yaml'}", *args],
                           capture_output=True, text=True, env=env)
 
 
@@ -315,6 +314,27 @@ def test_a_full_disk_at_the_end_of_training_loses_nothing(own):
     again = run(own)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "restored from the run cache" in (own / LOG).read_text()
+
+
+def test_a_bad_statistics_file_is_one_line_on_the_console_naming_the_field_and_the_fix(own):
+    """A statistics file edited after its job wrote it: the job that reads it fails, and the console says which
+    file, step and field, and what to do, in one line (not the exception's module path nor a traceback)."""
+    saved = (own / RUN).read_text()
+    data = json.loads(saved)
+    key = next(k for k in data["steps"][1]["metrics"] if k.startswith("rewards/") and k.endswith("/mean"))
+    data["steps"][1]["metrics"][key] = "abc"
+    (own / RUN).write_text(json.dumps(data))
+    try:
+        result = run(own, target="results/stats/grpo_hf_4.summary.json")
+    finally:
+        (own / RUN).write_text(saved)
+    assert result.returncode != 0
+    said = [line for line in result.stderr.splitlines() if line.startswith("job failed")]
+    assert said == [f'job failed (status 1): StatsError: {RUN}: step 2: metrics.{key} is str "abc", not a number '
+                    "(null where not logged; 'NaN', 'Infinity', '-Infinity' for a non-finite value); fix the file, "
+                    "or delete it: the workflow restores its run from the run cache (or trains it again) when an "
+                    "output needs it"], said
+    assert "Traceback" not in result.stderr and "(the whole log: results/logs/summarise/hf_4.log)" in result.stderr
 
 
 FLOODING_JOB = """

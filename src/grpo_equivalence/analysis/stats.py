@@ -117,7 +117,11 @@ def read_json(path: Path, what: str = "statistics file", fix: str = "rerun the t
 
 def load(path: Path) -> dict:
     stats = read_json(path)
-    check(stats, path)
+    try:
+        check(stats, path)
+    except StatsError as e:  # a file the workflow wrote, changed since (its writer checked it): say how to recover
+        raise StatsError(f"{e}; fix the file, or delete it: the workflow restores its run from the run cache (or "
+                         "trains it again) when an output needs it") from None
     for step in stats["steps"]:  # NON_FINITE markers back to numbers (check made sure they are markers)
         for key in STEP_NUMBERS:
             if isinstance(step[key], str):

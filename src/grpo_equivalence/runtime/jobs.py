@@ -10,6 +10,7 @@ rule's `code` param hashes the script's content with the package modules it impo
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -119,6 +120,8 @@ def last_error(log: str, status: int) -> None:
     except OSError:
         lines = []
     said = lines[-1][:400] if lines else "(its log is empty)"
+    # "grpo_equivalence.analysis.stats.StatsError: ..." -> "StatsError: ...": the message is what names the fix
+    said = re.sub(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*: )", "", said)
     print(f"job failed (status {status}): {said}\n  (the whole log: {log})", file=sys.stderr)
     sys.exit(status or 1)
 
