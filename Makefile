@@ -1,5 +1,7 @@
 # make demo: the whole workflow on the built-in tiny study (CPU, no network), ending with
-#            results/grpo_equivalence.md
+#            results/tiny/grpo_equivalence.md
+# make report [STUDY=FILE]: Snakemake's HTML report of a study that has run (the tiny study by default), in its
+#            results folder
 # make test: the test suite (what CI runs), TEST_JOBS modules at a time
 # make test-fast: the tests that run no whole workflow (the edit loop)
 # make docs: docs/configuration.md from the study's schema (a test fails when it is out of date)
@@ -8,6 +10,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
+STUDY ?= studies/tiny.yaml
 # Three modules at a time on two cores: the tests wait on SLURM's queue, on signals and on jobs starting up, and a
 # third module fills the cores meanwhile (docs/development.md has the timings).
 TEST_JOBS ?= 3
@@ -19,7 +22,7 @@ export TOKENIZERS_PARALLELISM := false
 # it would compile every file on one core, most of them never imported.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test test-fast docs lint clean
+.PHONY: demo report test test-fast docs lint clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -31,8 +34,13 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/snakemake results/grpo_equivalence.md --cores $(CORES) --config study=studies/tiny.yaml
-	@echo "report: results/grpo_equivalence.md"
+	$(VENV)/bin/snakemake --cores $(CORES) --config study=studies/tiny.yaml
+	@echo "report: results/tiny/grpo_equivalence.md"
+
+# The study's results folder, as the workflow names it (`results`, else results/NAME)
+report: $(VENV)/.installed
+	@folder=$$($(PY) -m grpo_equivalence.study.config results-folder $(STUDY)) && \
+	$(VENV)/bin/snakemake --report "$$folder/report.html" --config study=$(STUDY) && echo "report: $$folder/report.html"
 
 # A module's tests stay on one worker (--dist loadfile): its whole-workflow fixture is built once; modules
 # start in tests/conftest.py's order, the longest first (--no-loadscope-reorder).

@@ -44,4 +44,4 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        paths.REPORT,
+        out(paths.REPORT),

@@ -63,7 +63,7 @@ def main() -> None:
             shutil.rmtree(work / paths.RUN_CACHE, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
                             target, "--cores", "8", "--resources", f"gpu={max(args.gpus, 1)}", "-q",
-                            "--config", f"study={work / 'study.yaml'}", f"recorder={mode}"], check=True)
+                            "--config", f"study={work / 'study.yaml'}", f"recorder={mode}", "results=results"], check=True)
             return stats.load(work / target)
 
         for i in range(args.runs):

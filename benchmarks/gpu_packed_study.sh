@@ -37,7 +37,7 @@ echo "started $start" > "$out/progress.log"
       2>/dev/null | head -1 | tr -d ' '),$(cut -d' ' -f1 /proc/loadavg)"
   done ) > "$out/gpu.csv" &
 sampler=$!
-python3 -m snakemake results/grpo_equivalence.md --cores "${CORES:-16}" --resources gpu=1 --config study="$out/study.yaml" \
+python3 -m snakemake results/grpo_equivalence.md --cores "${CORES:-16}" --resources gpu=1 --config study="$out/study.yaml" results=results \
   --keep-going > "$out/snakemake.log" 2>&1
 echo "snakemake exit $?" >> "$out/progress.log"
 kill "$sampler" 2>/dev/null

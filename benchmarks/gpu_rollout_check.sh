@@ -48,7 +48,7 @@ print(" ".join([f"results/rollout/{b}.json" for b in config["backends"]]
 PY
 )
 start=$(date +%s)
-python3 -m snakemake $targets --cores 16 --resources gpu=1 --config study="$out/study.yaml" --keep-going \
+python3 -m snakemake $targets --cores 16 --resources gpu=1 --config study="$out/study.yaml" results=results --keep-going \
   2>&1 | tee "$out/snakemake.log" || true  # what did run is still copied below
 echo "makespan_s $(( $(date +%s) - start ))" | tee -a "$out/snakemake.log"
 mkdir -p "$out/rollout" "$out/logs"

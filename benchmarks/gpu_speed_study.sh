@@ -37,7 +37,7 @@ PY
 )
 fi
 start=$(date +%s)
-python3 -m snakemake $targets --cores 16 --resources gpu="$gpus" --config study="$study" \
+python3 -m snakemake $targets --cores 16 --resources gpu="$gpus" --config study="$study" results=results \
   --keep-going 2>&1 | tee "$out/snakemake.log" || true
 echo "makespan_s $(( $(date +%s) - start ))" | tee -a "$out/snakemake.log"
 cp results/grpo_equivalence.md "$out/" || true

@@ -21,7 +21,7 @@ config["replicates"] = {"reference": int(sys.argv[2]), "others": int(sys.argv[3]
 yaml.safe_dump(config, open(sys.argv[1], "w"), sort_keys=False)
 PY
 start=$(date +%s)
-python3 -m snakemake results/grpo_equivalence.md --cores 16 --resources gpu="$gpus" --config study="$out/study.yaml" \
+python3 -m snakemake results/grpo_equivalence.md --cores 16 --resources gpu="$gpus" --config study="$out/study.yaml" results=results \
   --keep-going 2>&1 | tee "$out/snakemake.log" || true  # what did run is still copied below
 echo "makespan_s $(( $(date +%s) - start ))" | tee -a "$out/snakemake.log"
 cp results/grpo_equivalence.md "$out/" || true

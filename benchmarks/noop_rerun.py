@@ -2,7 +2,7 @@
 
     python benchmarks/noop_rerun.py [RUNS]      (default 5; prints each time and the median)
 
-The time is the whole `snakemake results/grpo_equivalence.md ...` invocation (interpreter start, DAG,
+The time is the whole `snakemake results/tiny/grpo_equivalence.md ...` invocation (interpreter start, DAG,
 config checks, code hashes, metadata), which answers "Nothing to be done".
 """
 
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CMD = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "results/grpo_equivalence.md", "--cores", "2",
-       "--config", f"study={ROOT / 'studies' / 'tiny.yaml'}"]
+CMD = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "results/tiny/grpo_equivalence.md", "--cores",
+       "2", "--config", f"study={ROOT / 'studies' / 'tiny.yaml'}"]
 
 
 def main(runs: int) -> None:

@@ -45,9 +45,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def tiny_yaml() -> dict:
+    """studies/tiny.yaml, writing its outputs to results/ (where the tests look) rather than to results/tiny/."""
+    return {**yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text()), "results": "results"}
+
+
 @pytest.fixture(scope="session")
 def tiny_study() -> dict:
-    return yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    return tiny_yaml()
 
 
 @pytest.fixture
@@ -95,7 +100,7 @@ TINY_RUN = {"steps": [4, 6], "replicates": {"reference": 3, "others": 3}}
 
 
 def tiny_run_config() -> dict:
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config = tiny_yaml()
     config.update(copy.deepcopy(TINY_RUN))
     return config
 

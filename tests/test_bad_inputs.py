@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, tiny_yaml
 from grpo_equivalence import cli
 from grpo_equivalence.analysis import stats
 from grpo_equivalence.report import render
@@ -117,7 +117,7 @@ def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
 
 def run_snakemake(workdir, study_path, *args):
     return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-                           "results/grpo_equivalence.md", "--cores", "1", "--config", f"study={study_path}", *args],
+                           "--cores", "1", "--config", f"study={study_path}", *args],
                           capture_output=True, text=True)
 
 
@@ -131,7 +131,7 @@ def test_yaml_error_through_snakemake_names_the_line_before_any_job(tmp_path):
 
 
 def test_missing_data_file_stops_snakemake_before_any_job(tmp_path):
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config = tiny_yaml()
     config["dataset"] = {"path": "json", "data_files": str(tmp_path / "missing.jsonl")}
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -155,7 +155,7 @@ def test_config_values_on_the_command_line_are_typed(tmp_path):
     """`--config steps=[4,7]` reaches the study as numbers, not as the text Snakemake passes."""
     result = run_snakemake(tmp_path, ROOT / "studies" / "tiny.yaml", "steps=[4,7]", "--dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "results/stats/grpo_hf_7.json" in result.stdout
+    assert "results/tiny/stats/grpo_hf_7.json" in result.stdout  # the tiny study's folder: results/NAME
 
 
 # --- A statistics file ---------------------------------------------------------------------------------------

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import yaml
 
@@ -79,3 +81,17 @@ def test_all_problems_are_reported_at_once(tiny_config):
 
 def test_the_study_config_is_valid():
     check(yaml.safe_load((ROOT / "config.yaml").read_text()))
+
+
+def test_a_studys_results_folder_is_its_own_by_default_and_never_a_shared_one():
+    from grpo_equivalence.study.config import results_folder
+
+    assert results_folder({}, "studies/word-problems.yaml") == "results/word-problems"  # the file's name
+    assert results_folder({"name": "mine"}, "studies/study.yaml") == "results/mine"  # the study's name first
+    assert results_folder({"results": "out/a"}, "studies/study.yaml") == "out/a"
+    assert results_folder(yaml.safe_load((ROOT / "config.yaml").read_text()), ROOT / "config.yaml") == "results"
+    for config, said in (({"results": "results/cache/mine"}, "results: 'results/cache/mine' lies in results/cache"),
+                         ({"name": "tracking"}, "here results/tracking): 'results/tracking' lies in results/tracking"),
+                         ({"results": "results/{x}"}, "has a brace")):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            results_folder(config, "study.yaml")

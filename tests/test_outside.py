@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, copy_tiny
+from conftest import ROOT, copy_tiny, tiny_yaml
 from grpo_equivalence.study.config import ConfigError
 from grpo_equivalence.study.validate import check
 from grpo_equivalence.training import rewards
@@ -55,7 +55,7 @@ def user_folder(tmp_path_factory, tiny_results):
     copy_tiny(tiny_results, folder)  # primed once
     install_plugin(folder / "site")
     (folder / "my_rewards.py").write_text(REWARD_FILE)
-    study = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    study = tiny_yaml()
     study.update(backends=["hf", "greedy_hf"], reference="hf", steps=[4], replicates={"reference": 1, "others": 1},
                  rollout_check=SMALL_ROLLOUT_CHECK, rewards=["study", "my_rewards.py:length_penalty"],
                  save_adapters=True)
@@ -81,7 +81,7 @@ def user_env(folder: Path) -> dict:
 
 
 def snakemake(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "results/grpo_equivalence.md", *args],
+    return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args],  # the default target: the report
                           cwd=folder, capture_output=True, text=True, env=user_env(folder))
 
 

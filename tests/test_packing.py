@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, tiny_yaml
 from grpo_equivalence.analysis import stats
 from grpo_equivalence.runtime import gpus, leasefolder, quietlock
 from grpo_equivalence.study import gpushare
@@ -26,7 +26,7 @@ from helpers import SMALL_ROLLOUT_CHECK, make_stats
 def dry_run_resources(study: str) -> dict[str, str]:
     """The `gpu` resource of every train job Snakemake plans for `study` (a dry run)."""
     result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-n",
-                             "results/grpo_equivalence.md", "--resources", "gpu=4", "--config", f"study={study}"],
+                             "--resources", "gpu=4", "--config", f"study={study}"],  # the study's report, by default
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     found, rule = {}, None
@@ -52,7 +52,7 @@ def test_a_4b_study_still_gets_one_job_per_gpu(study):
 
 
 def tiny_packed(**sharing) -> dict:
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config = tiny_yaml()
     config.update(gpus_per_train_job=1, gpu_sharing={"jobs_per_gpu": 4, "memory_gb": None, "speed_runs": "first",
                                                       **sharing})
     return config
@@ -139,7 +139,7 @@ def test_a_run_on_two_gpus_trains_on_two_processes(tmp_path, tiny_into):
     """gpus_per_train_job: 2 leases two devices (stand-ins) and trains the run on two processes over gloo (on the
     CPU), through the workflow: one statistics file, every step, the metrics gathered over both processes."""
     tiny_into(tmp_path)
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config = tiny_yaml()
     config.update(backends=["hf", "native"], reference="hf", steps=[4], gpus_per_train_job=2)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, session.FORCE_CPU_ENV: "cpu", gpus.DEVICES_ENV: "0,1", leasefolder.LOCK_DIR_ENV: str(tmp_path / "locks")}

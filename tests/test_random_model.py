@@ -71,6 +71,7 @@ def test_a_random_model_trains_through_the_workflow(tmp_path):
     study = speed_study(tmp_path, backends=["hf"], reference="hf", steps=[4], gpus_per_train_job=0, dtype="float32",
                         train_threads=2, max_seq_length=256)
     study["grpo"].update(max_completion_length=16, per_device_train_batch_size=4)
+    study["results"] = "results"
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
                              "results/stats/grpo_hf_4.json", "--cores", "2", "--config", f"study={tmp_path / 'study.yaml'}"],

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, copy_tiny
+from conftest import ROOT, copy_tiny, tiny_yaml
 from grpo_equivalence.study import runkey
 from helpers import SMALL_ROLLOUT_CHECK
 
@@ -43,7 +43,7 @@ if _LOG:
 
 
 def study(workdir: Path, **changes) -> Path:
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config = tiny_yaml()
     config.update(backends=["hf", "cb_paged"], rollout_check=SMALL_ROLLOUT_CHECK)  # the workflow's, not a backend's
     config.update(changes)
     path = workdir / "study.yaml"

@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ROOT, TINY_RUN, copy_run
+from helpers import SMALL_ROLLOUT_CHECK
 
 pytestmark = pytest.mark.workflow
 PROJECT_FILES = ("Snakefile", "config.yaml", "pyproject.toml", "src", "workflow", "report_templates", "studies", "envs")
@@ -162,3 +164,31 @@ def test_another_reference_seed_trains_only_that_seed(project, edit):
                                                               for s in STEPS}
     assert rules(jobs) == {"train": len(STEPS), "compare": CANDIDATES * len(STEPS), "plot_curves": len(STEPS),
                            "render_report": 1}
+
+
+def test_two_studies_keep_their_reports_apart_share_finished_runs_and_make_report_writes_each(project):
+    """A second study in the same checkout writes to its own folder (by default results/NAME, here results/second),
+    leaves the first's report as it was, and restores the runs the first one finished from the shared run cache;
+    `make report` writes each study's HTML report into its folder."""
+    first = (project / "results/grpo_equivalence.md").read_bytes()
+    config = yaml.safe_load((project / "study.yaml").read_text())
+    del config["results"]
+    config.update(backends=["hf", "cb_paged"], steps=[4], replicates={"reference": 2, "others": 2},
+                  rollout_check=SMALL_ROLLOUT_CHECK)
+    (project / "second.yaml").write_text(yaml.safe_dump(config))
+    second = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--config", "study=second.yaml"],
+                            cwd=project, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (project / "results/grpo_equivalence.md").read_bytes() == first
+    report = (project / "results/second/grpo_equivalence.md").read_text()
+    assert "| cb_paged |" in report and "hf_static" not in report
+    for run in ("hf_4", "hf_4_seed3408", "cb_paged_4", "cb_paged_4_seed3408"):
+        assert "restored from the run cache" in (project / f"results/second/logs/train/{run}.log").read_text(), run
+    shutil.copy2(ROOT / "Makefile", project / "Makefile")
+    venv = Path(sys.executable).parents[1]  # the one running these tests: make neither creates nor installs it
+    for study, folder in (("study.yaml", "results"), ("second.yaml", "results/second")):
+        made = subprocess.run(["make", "-o", f"{venv}/.installed", "report", f"STUDY={study}", f"VENV={venv}"],
+                              cwd=project, capture_output=True, text=True)
+        assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-3000:]
+        html = project / folder / "report.html"
+        assert f"report: {folder}/report.html" in made.stdout and html.stat().st_size > 10_000

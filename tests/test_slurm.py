@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, copy_tiny
+from conftest import ROOT, copy_tiny, tiny_yaml
 from helpers import SMALL_ROLLOUT_CHECK
 
 pytestmark = pytest.mark.workflow
@@ -54,7 +54,7 @@ def run_through_slurm(workdir: Path, *extra) -> subprocess.CompletedProcess:
 def cluster_study(tmp_path_factory, tiny_results):
     workdir = tmp_path_factory.mktemp("slurm")
     copy_tiny(tiny_results, workdir)  # primed once
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config = tiny_yaml()
     config.update(backends=["hf", "cb_paged"], steps=list(STEPS), gpus_per_train_job=1, replicates=REPLICATES,
                   rollout_check=SMALL_ROLLOUT_CHECK)
     (workdir / "study.yaml").write_text(yaml.safe_dump(config))

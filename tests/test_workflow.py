@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY_RUN, copy_run, tiny_run_config
+from conftest import ROOT, TINY_RUN, copy_run, tiny_run_config, tiny_yaml
 from helpers import tables_headed
 
 pytestmark = pytest.mark.workflow
@@ -73,7 +73,7 @@ def test_a_cpu_studys_jobs_ran_in_its_job_server_which_stopped_with_the_workflow
 
 
 def test_each_backend_trained_with_its_own_options(study):
-    tiny = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    tiny = tiny_yaml()
     trainer = load(study, "cb_paged", STEPS[0])["effective_config"]["trainer"]
     assert trainer["use_transformers_continuous_batching"] is True
     assert trainer["transformers_continuous_batching_config"] == tiny["backend_options"]["cb_paged"]["continuous_batching"]
@@ -279,7 +279,7 @@ def test_the_study_plans_on_a_machine_without_gpu(tmp_path):
 
 
 def unrunnable_study(workdir: Path) -> Path:
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config = tiny_yaml()
     config["backends"] = ["hf", "unsloth_fi_false"]  # needs CUDA and Unsloth: neither is here
     path = workdir / "study.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -313,7 +313,7 @@ def test_a_tracker_without_its_package_stops_the_workflow_before_any_job(tmp_pat
     import importlib.util
 
     assert importlib.util.find_spec("wandb") is None  # the test environment has no wandb
-    config = yaml.safe_load((ROOT / "studies" / "tiny.yaml").read_text())
+    config = tiny_yaml()
     config["grpo"]["report_to"] = ["wandb"]
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
     result = subprocess.run([*SNAKEMAKE, "results/grpo_equivalence.md", "--directory", str(tmp_path), "--cores", "2",

@@ -4,9 +4,9 @@
 
 rule summarise:
     input:
-        paths.STATS,
+        out(paths.STATS),
     output:
-        paths.SUMMARY,
+        out(paths.SUMMARY),
     params:
         settings=job_args(skip=config["median_skip_steps"]),
         script=entry_point("summarise"),
@@ -24,7 +24,7 @@ rule compare:
     input:
         unpack(get_compare_inputs),
     output:
-        paths.COMPARISON,
+        out(paths.COMPARISON),
     params:
         settings=job_args(**config["verdict"]),
         script=entry_point("compare"),

@@ -25,7 +25,8 @@ from grpo_equivalence.runtime.codedeps import code_hash
 from grpo_equivalence.runtime.jobs import args_file
 from grpo_equivalence.runtime.paths import SCHEMA
 from grpo_equivalence.study import gpushare, runcache, schedule
-from grpo_equivalence.study.config import RANDOM, TINY, ConfigError, load_study, with_overrides
+from grpo_equivalence.study.config import (RANDOM, TINY, ConfigError, load_study, results_folder, study_name,
+                                          with_overrides)
 from grpo_equivalence.study.inputs import (CHAT_TEMPLATE_STUDY, architecture_path, chat_template_file, is_local,
                                            local_input_files)
 from grpo_equivalence.study.validate import check
@@ -58,6 +59,10 @@ try:
     # Where a study's relative reward file or chat template file lies: beside the study file, else here
     BASES = [Path(f).parent for f in ([path] if path is not None else workflow.configfiles)] + [Path.cwd()]
     check(config, BASES)
+    # Groups the study's runs in the trackers (grpo.report_to), and names its results folder by default
+    STUDY_NAME = study_name(config, path)
+    # The folder of the study's own outputs (results/NAME by default): out() puts each of them there
+    RESULTS = results_folder(config, path)
 except ConfigError as error:
     named = [str(path)] if path is not None else list(map(str, workflow.configfiles))
     raise WorkflowError(f"{error}\n(study: {', '.join(named)})")
@@ -76,8 +81,6 @@ TEMPLATE_FILE = (chat_template_file(config["chat_template"], BASES)
                  else None)
 STUDY_CODE = rewards.code_files(REWARD_SPECS) + ([str(TEMPLATE_FILE)] if TEMPLATE_FILE else [])
 RESOLVED = {"rewards": REWARD_SPECS, "chat_template": str(TEMPLATE_FILE) if TEMPLATE_FILE else config["chat_template"]}
-# Groups the study's runs in the trackers (grpo.report_to)
-STUDY_NAME = config.get("name") or (Path(path).stem if path is not None else "study")
 BACKENDS = config["backends"]
 REFERENCE = config["reference"]
 STEPS = config["steps"]
@@ -90,6 +93,11 @@ SCRIPTS = PROJECT / "workflow" / "scripts"
 # Model and data on this machine: jobs are told to stay off the network, whatever the environment says.
 OFFLINE = is_local(config)
 LOCAL_INPUTS = local_input_files(config)
+
+
+def out(template):
+    """One of the study's own outputs (a template of grpo_equivalence.runtime.paths) in its results folder."""
+    return paths.of_study(template, RESULTS)
 
 
 def job_args(**args):

@@ -2,12 +2,17 @@
 
 
 def log_for(name):
+    return out(paths.LOG).format(name=name)
+
+
+def shared_log_for(name):
+    """The log of a job whose output every study shares (the built tiny and random models): results/logs/."""
     return paths.LOG.format(name=name)
 
 
 def adapter_output():
     """A train job's adapter folder, where the study keeps them (save_adapters)."""
-    return [directory(paths.ADAPTER)] if config["save_adapters"] else []
+    return [directory(out(paths.ADAPTER))] if config["save_adapters"] else []
 
 
 def train_log(wildcards):
@@ -118,15 +123,15 @@ def get_rollout_settings(wildcards):
 
 def rollout_checks():
     """The rollout-check files of every backend at the study's seed, and the reference's at the next seed."""
-    return [paths.ROLLOUT.format(backend=b, replicate="") for b in BACKENDS] + [
-        paths.ROLLOUT.format(backend=REFERENCE, replicate=f"_seed{SEED + 1}")]
+    return [out(paths.ROLLOUT).format(backend=b, replicate="") for b in BACKENDS] + [
+        out(paths.ROLLOUT).format(backend=REFERENCE, replicate=f"_seed{SEED + 1}")]
 
 
 def runs_of(backend, steps):
     """The statistics files of one backend and step count: the study's seed, then its replicates."""
     count = config["replicates"]["reference" if backend == REFERENCE else "others"]
-    return [paths.STATS.format(backend=backend, steps=steps)] + [
-        paths.REPLICATE_STATS.format(backend=backend, steps=steps, seed=SEED + i) for i in range(1, count)
+    return [out(paths.STATS).format(backend=backend, steps=steps)] + [
+        out(paths.REPLICATE_STATS).format(backend=backend, steps=steps, seed=SEED + i) for i in range(1, count)
     ]
 
 
@@ -140,8 +145,8 @@ def all_stats():
 
 
 def all_summaries():
-    return expand(paths.SUMMARY, backend=BACKENDS, steps=STEPS)
+    return expand(out(paths.SUMMARY), backend=BACKENDS, steps=STEPS)
 
 
 def all_comparisons():
-    return expand(paths.COMPARISON, candidate=CANDIDATES, reference=REFERENCE, steps=STEPS)
+    return expand(out(paths.COMPARISON), candidate=CANDIDATES, reference=REFERENCE, steps=STEPS)

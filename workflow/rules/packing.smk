@@ -19,7 +19,7 @@ def gpu_io(name, alone):
     limit = workflow.global_resources.get("gpu")
     limit = getattr(limit, "value", limit)
     return {"gpu_sharing": config["gpu_sharing"], "alone": alone, "max_gpus": limit if isinstance(limit, int) else None,
-            "run": name}
+            "run": name, "stats_dir": os.path.dirname(out(paths.STATS))}
 
 
 def measured_first(backend, steps):
@@ -27,7 +27,7 @@ def measured_first(backend, steps):
     a GPU of its own and measures what the others then ask for (ancient: the order only; a retrained run reruns
     none of them, and the run cache's key leaves it out)."""
     if PACKS and config["gpu_sharing"]["memory_gb"] is None:
-        return {"measured": ancient(paths.STATS.format(backend=backend, steps=steps))}
+        return {"measured": ancient(out(paths.STATS).format(backend=backend, steps=steps))}
     return {}
 
 

@@ -17,6 +17,6 @@ rule prepare_random_model:
     conda:
         conda_env("cpu")
     log:
-        log_for("prepare_random_model"),
+        shared_log_for("prepare_random_model"),
     shell:
         JOB_COMMAND

@@ -7,7 +7,7 @@ rule plot_curves:
     input:
         lambda wildcards: [p for backend in BACKENDS for p in runs_of(backend, wildcards.steps)],
     output:
-        report(paths.CURVES_FIGURE, caption="../report/curves.rst", category="Figures", labels={"steps": "{steps}"}),
+        report(out(paths.CURVES_FIGURE), caption="../report/curves.rst", category="Figures", labels={"steps": "{steps}"}),
     params:
         settings=job_args(reference=REFERENCE),
         script=entry_point("plot_curves"),
@@ -25,7 +25,7 @@ rule plot_speed:
     input:
         all_summaries(),
     output:
-        report(paths.SPEED_FIGURE, caption="../report/speed.rst", category="Figures", labels={"figure": "speed and memory"}),
+        report(out(paths.SPEED_FIGURE), caption="../report/speed.rst", category="Figures", labels={"figure": "speed and memory"}),
     params:
         settings=job_args(reference=REFERENCE),
         script=entry_point("plot_speed"),
@@ -44,11 +44,11 @@ rule render_report:
         summaries=all_summaries(),
         comparisons=all_comparisons(),
         stats=all_stats(),
-        curves=expand(paths.CURVES_FIGURE, steps=STEPS),
-        speed=paths.SPEED_FIGURE,
+        curves=expand(out(paths.CURVES_FIGURE), steps=STEPS),
+        speed=out(paths.SPEED_FIGURE),
         rollout=rollout_checks(),
     output:
-        report(paths.REPORT, caption="../report/equivalence.rst", category="Equivalence"),
+        report(out(paths.REPORT), caption="../report/equivalence.rst", category="Equivalence"),
     params:
         settings=job_args(reference=REFERENCE, verdict=config["verdict"], rollout_check=config["rollout_check"]),
         script=entry_point("render_report"),

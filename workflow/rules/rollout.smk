@@ -8,7 +8,7 @@ rule rollout_check:
     input:
         unpack(get_rollout_inputs),
     output:
-        paths.ROLLOUT,
+        out(paths.ROLLOUT),
     params:
         settings=lambda wildcards: job_args(
             config=get_rollout_settings(wildcards),

@@ -12,7 +12,7 @@ rule prepare_model:
     conda:
         conda_env("cpu")
     log:
-        log_for("prepare_model"),
+        shared_log_for("prepare_model"),
     shell:
         JOB_COMMAND
 
@@ -28,7 +28,7 @@ rule prepare_data:
     conda:
         conda_env("cpu")
     log:
-        log_for("prepare_data"),
+        shared_log_for("prepare_data"),
     shell:
         JOB_COMMAND
 
@@ -54,6 +54,6 @@ rule prime:
     conda:
         conda_env("cpu")
     log:
-        log_for("prime"),
+        shared_log_for("prime"),
     shell:
         JOB_COMMAND

@@ -8,7 +8,7 @@ rule train:
     input:
         unpack(get_train_inputs),
     output:
-        paths.RUN_STATS,
+        out(paths.RUN_STATS),
         *adapter_output(),
     params:
         settings=lambda wildcards: job_args(
@@ -47,7 +47,7 @@ rule train:
     log:
         log_for(paths.TRAIN_LOG),
     benchmark:
-        paths.BENCHMARK.format(name=paths.TRAIN_LOG)
+        out(paths.BENCHMARK).format(name=paths.TRAIN_LOG)
     shell:
         JOB_COMMAND
 
@@ -74,7 +74,7 @@ onstart:
 
         needed = [job.rule.name for job in workflow.dag.needrun_jobs()]
         if config["job_server"] and config["gpus_per_train_job"] == 0 and jobserver.worth_starting(needed):
-            jobserver.start(os.getpid(), paths.JOB_SERVER_LOG, offline=OFFLINE)
+            jobserver.start(os.getpid(), out(paths.JOB_SERVER_LOG), offline=OFFLINE)
 
 
 onsuccess:

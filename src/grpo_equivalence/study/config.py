@@ -2,10 +2,12 @@
 its complaints in one short line each (validate checks the rest).
 """
 
-from pathlib import Path
+import os
+from pathlib import Path, PurePosixPath
 
 import yaml
 
+from ..runtime import paths
 from ..runtime.paths import SCHEMA
 
 TINY = "tiny"  # the value of `model` / `dataset.path` that selects the built-in tiny study
@@ -25,6 +27,27 @@ def with_defaults(name: str, section: dict | None) -> dict:
 
 def rollout_check_settings(section: dict | None) -> dict:
     return with_defaults("rollout_check", section)
+
+
+def study_name(config: dict, path) -> str:
+    """The study's name (`name`, else its file's name without .yaml): it groups the runs in the trackers and names
+    the study's results folder by default."""
+    return config.get("name") or (Path(path).stem if path is not None else "study")
+
+
+def results_folder(config: dict, path) -> str:
+    """The folder of the study's own outputs: `results`, else results/NAME. Never inside a folder every study shares
+    (the run cache, the trackers'), whose files a study's outputs would mix with."""
+    folder = config.get("results") or f"{paths.RESULTS}/{study_name(config, path)}"
+    if "{" in folder or "}" in folder:  # Snakemake would read them as wildcards
+        raise ConfigError(f"results: {folder!r} has a brace; name a folder without {{ or }}")
+    normal = PurePosixPath(os.path.normpath(folder))
+    for shared in paths.SHARED:
+        if normal == PurePosixPath(shared) or PurePosixPath(shared) in normal.parents:
+            said = "results" if config.get("results") else f"results (by default results/NAME, here {folder})"
+            raise ConfigError(f"{said}: {folder!r} lies in {shared}, which every study shares; name a folder of the "
+                              "study's own (`results: results/NAME`, or another `name`)")
+    return folder
 
 
 def load_study(path) -> dict:
@@ -116,3 +139,14 @@ def _float_spelling(text: str) -> str:
     return f"{mantissa}e{exponent if exponent[0] in '+-' else '+' + exponent}"
 
 
+
+
+if __name__ == "__main__":  # `python -m grpo_equivalence.study.config results-folder STUDY_FILE` (make report)
+    import sys
+
+    if sys.argv[1:2] != ["results-folder"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m grpo_equivalence.study.config results-folder STUDY_FILE")
+    try:
+        print(results_folder(load_study(sys.argv[2]), sys.argv[2]))
+    except ConfigError as error:
+        sys.exit(f"error: {error}")

@@ -105,7 +105,8 @@ def leased_for_job(args: dict, log=print):
     for the block. When the block is done, the job keeps its GPUs' quiet locks until it exits: freeing its memory
     must not land inside another job's vLLM start (quietlock.quiet)."""
     config = {**args["config"], "gpu_sharing": args.get("gpu_sharing")}
-    wanted = need(config, args["backend"], run=args.get("run", ""), alone=bool(args.get("alone")))
+    wanted = need(config, args["backend"], run=args.get("run", ""), alone=bool(args.get("alone")),
+                  folder=Path(args.get("stats_dir") or STATS_DIR))
     try:
         with gpus.leased(config["gpus_per_train_job"], wanted, max_devices=args.get("max_gpus"), log=log) as lease:
             if lease.source == "lease" and not lease.need.whole:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..analysis import stats
-from ..runtime import environment, memory
+from ..runtime import environment, memory, paths
 from . import backends, faults
 from .recorder import make_recorder, step_records, trl_profiling
 from .session import device_for, session
@@ -16,7 +16,7 @@ from .session import device_for, session
 UNRECORDED_ARGS = ("output_dir", "logging_dir", "run_name")
 
 
-TRACKING = Path("results/tracking")  # what the trackers of grpo.report_to write, by study and run
+TRACKING = Path(paths.TRACKING)
 
 
 def tracked(config: dict, backend_name: str, max_steps: int, study: str, root: Path = TRACKING) -> dict:
