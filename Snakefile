@@ -16,10 +16,12 @@ include: "workflow/rules/packing.smk"  # GPU jobs: their lease, and which runs a
 
 wildcard_constraints:
     backend="|".join(map(re.escape, BACKENDS)),
-    candidate="|".join(map(re.escape, CANDIDATES)) or "none",
+    # the trainer check compares its control, the reference in the other precision, as a candidate too
+    candidate="|".join(map(re.escape, [*CANDIDATES, f"{REFERENCE}_control"])),
     reference=re.escape(REFERENCE),
     steps=r"\d+",
     replicate=r"(_seed\d+)?",
+    variant=r"(_control)?",
 
 
 # On a cluster (profiles/slurm) the jobs that only read statistics files and write tables, figures and the report
@@ -32,12 +34,14 @@ localrules:
     plot_curves,
     plot_speed,
     render_report,
+    trainer_compare,
 
 
 include: "workflow/rules/tiny.smk"
 include: "workflow/rules/random.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/rollout.smk"
+include: "workflow/rules/trainer.smk"
 include: "workflow/rules/analyse.smk"
 include: "workflow/rules/report.smk"
 

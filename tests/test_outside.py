@@ -57,7 +57,7 @@ def user_folder(tmp_path_factory, tiny_results):
     (folder / "my_rewards.py").write_text(REWARD_FILE)
     study = tiny_yaml()
     study.update(backends=["hf", "greedy_hf"], reference="hf", steps=[4], replicates={"reference": 1, "others": 1},
-                 rollout_check=SMALL_ROLLOUT_CHECK, rewards=["study", "my_rewards.py:length_penalty"],
+                 rollout_check=SMALL_ROLLOUT_CHECK, trainer_check=False, rewards=["study", "my_rewards.py:length_penalty"],
                  save_adapters=True)
     study["grpo"].update(reward_weights=[1.0, 1.0, 1.0, 1.0, 0.5], adam_beta2=0.99)  # adam_beta2: TRL's own field
     (folder / "study.yaml").write_text(yaml.safe_dump(study))

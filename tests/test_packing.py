@@ -53,6 +53,7 @@ def test_a_4b_study_still_gets_one_job_per_gpu(study):
 
 def tiny_packed(**sharing) -> dict:
     config = tiny_yaml()
+    config.update(trainer_check=False)  # its jobs lease through the same gpu_io as the rollout check's
     config.update(gpus_per_train_job=1, gpu_sharing={"jobs_per_gpu": 4, "memory_gb": None, "speed_runs": "first",
                                                       **sharing})
     return config

@@ -44,7 +44,8 @@ if _LOG:
 
 def study(workdir: Path, **changes) -> Path:
     config = tiny_yaml()
-    config.update(backends=["hf", "cb_paged"], rollout_check=SMALL_ROLLOUT_CHECK)  # the workflow's, not a backend's
+    # the workflow's, not a backend's; the trainer check's jobs are tested in test_workflow and test_slurm
+    config.update(backends=["hf", "cb_paged"], rollout_check=SMALL_ROLLOUT_CHECK, trainer_check=False)
     config.update(changes)
     path = workdir / "study.yaml"
     path.write_text(yaml.safe_dump(config))

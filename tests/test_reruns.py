@@ -105,8 +105,11 @@ def test_one_backends_loader_changed_only_its_jobs(project, edit):
     jobs = plan(project)
     assert {out for rule, out in jobs if rule == "train"} == set().union(*(train_outputs("cb_paged", s) for s in STEPS))
     assert {out for rule, out in jobs if rule == "rollout_check"} == {"results/rollout/cb_paged.json"}
+    assert {out for rule, out in jobs if rule.startswith("trainer_")} == {
+        "results/trainer/cb_paged.json", "results/trainer/cb_paged_vs_hf.json"}  # its trainer check, not the others'
     assert rules(jobs) == {"train": SEEDS["cb_paged"] * len(STEPS), "rollout_check": 1, "summarise": len(STEPS),
-                           "compare": len(STEPS), "plot_curves": len(STEPS), "plot_speed": 1, "render_report": 1}
+                           "compare": len(STEPS), "plot_curves": len(STEPS), "plot_speed": 1, "render_report": 1,
+                           "trainer_check": 1, "trainer_compare": 1}
 
 
 def test_one_backends_settings_changed_only_its_jobs(project, edit):
@@ -119,8 +122,10 @@ def test_a_new_step_count_runs_only_the_new_jobs(project, edit):
     edit("study.yaml", lambda t: t.replace(f"- {STEPS[-1]}\n", f"- {STEPS[-1]}\n- 7\n"))
     jobs = plan(project)
     assert {out for rule, out in jobs if rule == "train"} == set().union(*(train_outputs(b, 7) for b in BACKENDS))
+    # a new longest run: the trainer checks read the learning-rate schedule of the longest, so they (not the batch) rerun
     assert rules(jobs) == {"train": sum(SEEDS.values()), "summarise": len(BACKENDS), "compare": CANDIDATES,
-                           "plot_curves": 1, "plot_speed": 1, "render_report": 1}
+                           "plot_curves": 1, "plot_speed": 1, "render_report": 1,
+                           "trainer_check": len(BACKENDS) + 1, "trainer_compare": CANDIDATES + 1}
 
 
 @pytest.mark.parametrize("shared", ["src/grpo_equivalence/training/rewards.py", "src/grpo_equivalence/training/train.py",
@@ -174,7 +179,7 @@ def test_two_studies_keep_their_reports_apart_share_finished_runs_and_make_repor
     config = yaml.safe_load((project / "study.yaml").read_text())
     del config["results"]
     config.update(backends=["hf", "cb_paged"], steps=[4], replicates={"reference": 2, "others": 2},
-                  rollout_check=SMALL_ROLLOUT_CHECK)
+                  rollout_check=SMALL_ROLLOUT_CHECK, trainer_check=False)
     (project / "second.yaml").write_text(yaml.safe_dump(config))
     second = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--config", "study=second.yaml"],
                             cwd=project, capture_output=True, text=True)

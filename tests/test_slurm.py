@@ -80,8 +80,9 @@ def test_train_jobs_went_through_sbatch_with_the_configs_gpu_request(cluster_stu
         assert re.search(r"TresPerJob=gres:gpu:1\b", job), job
     # the jobs that only read statistics ran beside Snakemake (localrules), never queued
     submitted = {path.name for path in (workdir / ".snakemake" / "slurm_logs").iterdir()}
-    assert {"rule_train", "rule_rollout_check"} <= submitted and not submitted & {
-        "rule_summarise", "rule_compare", "rule_plot_curves", "rule_plot_speed", "rule_render_report"}, submitted
+    assert {"rule_train", "rule_rollout_check", "rule_trainer_check"} <= submitted and not submitted & {
+        "rule_summarise", "rule_compare", "rule_plot_curves", "rule_plot_speed", "rule_render_report",
+        "rule_trainer_compare"}, submitted
 
 
 def table_structure(report: str) -> list[tuple[str, int]]:
@@ -99,15 +100,16 @@ def table_structure(report: str) -> list[tuple[str, int]]:
 @requires_slurm
 def test_report_has_the_same_tables_as_a_local_run(cluster_study):
     from grpo_equivalence.report.render import from_stats_dir
-    from grpo_equivalence.report.sections import rollout_from_dir
+    from grpo_equivalence.report.sections import rollout_from_dir, trainer_from_dir
 
     workdir, _ = cluster_study
     report = (workdir / "results" / "grpo_equivalence.md").read_text()
-    # the same runs and rollout checks, reported on this machine
-    local = from_stats_dir(workdir / "results" / "stats", "hf", rollout=rollout_from_dir(workdir / "results" / "rollout", "hf"))
+    # the same runs, rollout checks and trainer checks, reported on this machine
+    local = from_stats_dir(workdir / "results" / "stats", "hf", rollout=rollout_from_dir(workdir / "results" / "rollout", "hf"),
+                           trainer=trainer_from_dir(workdir / "results" / "trainer"))
     assert table_structure(report) == table_structure(local)
-    assert [h for h, _ in table_structure(report) if h.startswith("## ")] == ["## Rollout check at fixed weights"] + [
-        f"## {s} steps" for s in STEPS] + ["## Warnings the runs raised", "## Study settings", "## Raw statistics"]
+    assert [h for h, _ in table_structure(report) if h.startswith("## ")] == [
+        "## Rollout check at fixed weights", "## Trainer check at fixed weights"] + [f"## {s} steps" for s in STEPS] + ["## Warnings the runs raised", "## Study settings", "## Raw statistics"]
     for steps in STEPS:
         assert f"results/stats/grpo_cb_paged_{steps}.json" in report
 

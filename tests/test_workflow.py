@@ -160,6 +160,18 @@ def test_report_has_the_rollout_check_with_its_verdicts(study):
         assert row["Power here"] == (f"{round(100 * stated['power'])} %" if stated["power"] is not None else "-")
 
 
+def test_the_trainer_check_finds_the_tiny_studys_trainer_stacks_the_same(study):
+    """Every tiny backend trains with TRL + PEFT: at fixed weights on the reference's batch, each computes what hf
+    computes, and the report says so, per backend and for the control (hf in bfloat16)."""
+    report = (study / "results/grpo_equivalence.md").read_text()
+    assert "## Trainer check at fixed weights" in report
+    rows = tables_headed(report, "Backend", "Where it parts from hf")[0]
+    assert [row["Backend"] for row in rows] == [*CANDIDATES, "hf (control)"]
+    assert all(row["Where it parts from hf"].startswith("nowhere") for row in rows), rows
+    check = json.loads((study / "results/trainer/hf.json").read_text())
+    assert check["tokens"] > 0 and check["kl_mean"] > 0 and check["normaliser"] == pytest.approx(check["tokens"], rel=1e-3)
+
+
 def test_hf_static_is_equivalent_to_hf(study):
     """On the CPU transformers does not compile, and hf_static (a static KV cache) samples exactly as hf does:
     every seed's run equals hf's, so the verdict on the shared seeds is equivalent on every metric."""
@@ -243,7 +255,7 @@ def test_grpo_report_cli_renders_the_same_tables(study):
     out = study / "cli_report.md"
     subprocess.run([sys.executable, "-c", "from grpo_equivalence.cli import report_main; report_main()",
                     "--stats-dir", str(study / "results/stats"), "--reference", "hf", "-o", str(out),
-                    "--rollout", str(study / "results/rollout")], check=True)
+                    "--rollout", str(study / "results/rollout"), "--trainer", str(study / "results/trainer")], check=True)
     workflow_report = (study / "results/grpo_equivalence.md").read_text()
     cli_report = out.read_text()
     table = re.compile(r"^\| (hf|cb_paged|hf_static) .*$", re.M)

@@ -84,6 +84,8 @@ def report_main(argv=None):
                         "speed_memory.png)")
     parser.add_argument("--rollout", help="judge the rollout checks found in this folder (<backend>[_seed<seed>].json, or "
                         ".json.gz; the workflow's results/rollout)")
+    parser.add_argument("--trainer", help="show the trainer check's comparisons found in this folder "
+                        "(<backend>_vs_<reference>.json; the workflow's results/trainer)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     args = parser.parse_args(argv)
     if not args.template.exists():
@@ -94,6 +96,7 @@ def report_main(argv=None):
         Path(args.stats_dir), args.reference, args.skip, args.template, alpha=args.alpha, margin=args.margin,
         margins=args.margins,
         figures=render.figures_in(Path(args.figures), report_dir) if args.figures else None,
-        rollout=sections.rollout_from_dir(Path(args.rollout), args.reference, alpha=args.alpha) if args.rollout else None),
+        rollout=sections.rollout_from_dir(Path(args.rollout), args.reference, alpha=args.alpha) if args.rollout else None,
+        trainer=sections.trainer_from_dir(Path(args.trainer)) if args.trainer else None),
         args.output, args.force))
 

@@ -99,6 +99,45 @@ def rollout_code(wildcards):
     return script_code("rollout_check", *modules, files=[*files, *STUDY_CODE])
 
 
+def trainer_code(backend):
+    """The trainer check's code of this backend, as train_code."""
+    modules, files = backends.code_of(backend)
+    return script_code("trainer_check", *modules, files=[*files, *STUDY_CODE])
+
+
+# The control of the trainer check: the reference in the other precision (what rounding alone changes)
+OTHER_PRECISION = {"float32": "bfloat16", "bfloat16": "float32", "float16": "float32"}
+
+
+def get_trainer_settings(backend, variant):
+    """What a trainer check depends on: the training settings at the study's seed, in the other precision for the
+    control."""
+    settings = get_train_settings(SimpleNamespace(backend=backend, replicate=""))
+    if variant:
+        settings["dtype"] = OTHER_PRECISION[settings["dtype"]]
+    return settings
+
+
+def trainer_checks():
+    """The trainer check's comparisons of every candidate with the reference (the report reads them), and the
+    control's; none where the study turns the check off."""
+    if not config["trainer_check"]:
+        return []
+    return expand(out(paths.TRAINER_COMPARISON), candidate=[*CANDIDATES, f"{REFERENCE}_control"], reference=REFERENCE)
+
+
+def get_trainer_compare_inputs(wildcards):
+    """A candidate's trainer check (or the control's), the reference's and the control's, with their tensors."""
+    checks = {"reference": (REFERENCE, ""), "candidate": (wildcards.candidate, ""), "control": (REFERENCE, "_control")}
+    if wildcards.candidate == f"{REFERENCE}_control":
+        checks["candidate"] = (REFERENCE, "_control")
+    inputs = {}
+    for role, (backend, variant) in checks.items():
+        inputs[role] = out(paths.TRAINER_CHECK).format(backend=backend, variant=variant)
+        inputs[f"{role}_tensors"] = out(paths.TRAINER_TENSORS).format(backend=backend, variant=variant)
+    return inputs
+
+
 def seed_of(wildcards):
     """The seed of a train job: the study's, or the one its replicate's file name carries."""
     return int(wildcards.replicate.removeprefix("_seed")) if wildcards.replicate else SEED

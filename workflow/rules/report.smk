@@ -47,6 +47,7 @@ rule render_report:
         curves=expand(out(paths.CURVES_FIGURE), steps=STEPS),
         speed=out(paths.SPEED_FIGURE),
         rollout=rollout_checks(),
+        trainer=trainer_checks(),
     output:
         report(out(paths.REPORT), caption="../report/equivalence.rst", category="Equivalence"),
     params:
@@ -60,6 +61,7 @@ rule render_report:
             curves=dict(zip(STEPS, input.curves)),
             speed=input.speed,
             rollout=list(input.rollout),
+            trainer=list(input.trainer),
             out=output[0],
         ),
     conda:

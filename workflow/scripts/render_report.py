@@ -19,5 +19,6 @@ text = render.render(summaries=[json.loads(Path(p).read_text()) for p in a["summ
                      alpha=a["verdict"]["alpha"], margin=a["verdict"]["margin"],
                      margins=a["verdict"].get("margins"),
                      rollout=sections.rollout_section([rollout.load(p) for p in a["rollout"]], a["reference"],
-                                                    alpha=a["verdict"]["alpha"], settings=a["rollout_check"]))
+                                                    alpha=a["verdict"]["alpha"], settings=a["rollout_check"]),
+                     trainer=sections.trainer_section([json.loads(Path(p).read_text()) for p in a.get("trainer", [])]))
 stats.write_text(out, text)

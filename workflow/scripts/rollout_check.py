@@ -4,17 +4,7 @@ trainer scores every sampled token (grpo_equivalence.checks.rollout)."""
 from pathlib import Path
 
 from grpo_equivalence.checks import rollout
-from grpo_equivalence.runtime import jobs
-from grpo_equivalence.study import gpushare, runcache
-from grpo_equivalence.training import session
+from grpo_equivalence.study.gpujob import gpu_job
 
-a = jobs.arguments()
-jobs.stop_with_workflow()
-a["config"].update(a.get("resolved", {}))  # the reward files and chat template where this job finds them
-session.check_packages(a["backend"], a["config"])  # before waiting for a GPU: a missing package fails at once
-runcache.use_compile_caches(a)
-with gpushare.leased_for_job(a):
-    import torch
-
-    torch.set_num_threads(a["threads"])
+with gpu_job() as a:
     rollout.check(a["config"], a["backend"], model_path=a["model_path"], dataset=a["dataset"], out=Path(a["out"]))

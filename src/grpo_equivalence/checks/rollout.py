@@ -44,7 +44,7 @@ def family_size(config: dict) -> int:
     return 2 * max(1, len(config.get("backends") or []))
 
 
-def _forward_logits(model, records: list[dict], device) -> list:
+def forward_logits(model, records: list[dict], device) -> list:
     """The model's logits at each completion's positions (predicting each completion token), for a batch of
     records padded on the right (a causal model's earlier positions never see the padding)."""
     import torch
@@ -189,7 +189,7 @@ class _Scorer:
             with torch.no_grad(), autocast:
                 for start in range(0, len(sampled), per_pass):
                     batch = [r for r in sampled[start:start + per_pass] if r["completion_ids"]]
-                    joined = scoring.score_tokens(torch.cat(_forward_logits(model, batch, device)), torch.tensor(
+                    joined = scoring.score_tokens(torch.cat(forward_logits(model, batch, device)), torch.tensor(
                         [t for r in batch for t in r["completion_ids"]], device=device), self.sampling,
                         rounding=self.rounding, margin=self.margin, order=self.order) if batch else {}
                     offset = 0

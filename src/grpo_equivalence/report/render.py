@@ -46,9 +46,10 @@ def _num(value, digits: int = 3) -> str:
 
 def render(*, summaries: list[dict], comparisons: list[dict], reference: str, runs: dict, figures: dict | None = None,
            template: Path = TEMPLATE, rollout: dict | None = None, alpha: float = verdict.ALPHA,
-           margin: float = verdict.MARGIN, margins: dict | None = None) -> str:
+           margin: float = verdict.MARGIN, margins: dict | None = None, trainer: dict | None = None) -> str:
     """`runs`: {path: stats} of every run (all seeds); `figures`: {"curves": {steps: path}, "speed": path}, paths
-    relative to the report's folder, or None where no figure was made; `rollout`: rollout_section's result."""
+    relative to the report's folder, or None where no figure was made; `rollout`: rollout_section's result;
+    `trainer`: trainer_section's."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(template).parent)), undefined=jinja2.StrictUndefined,
@@ -67,6 +68,7 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
         figures=figures or {},
         settings=study_settings(reference_run(primaries, reference)), warnings=warnings_by_backend(list(runs.values())),
         backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)), rollout=rollout,
+        trainer=trainer,
         faulted={b: faults.FAULTS[faults.split(b)[1]] for b in sorted({r["backend"] for r in primaries} | set(
             c["label"] for c in (rollout or {}).get("comparisons", []))) if faults.split(b)[1] in faults.FAULTS})
 
@@ -95,7 +97,7 @@ def stats_files(folder: Path) -> list[Path]:
 
 def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, template: Path = TEMPLATE, *,
                    alpha: float = verdict.ALPHA, margin: float = verdict.MARGIN, margins: dict | None = None,
-                   figures: dict | None = None, rollout: dict | None = None) -> str:
+                   figures: dict | None = None, rollout: dict | None = None, trainer: dict | None = None) -> str:
     """The report of every statistics file in `stats_dir` (grpo_<backend>_<steps>[_seed<seed>].json), as grpo-report
     makes it: each backend's runs of one step count are its seeds, the reference's measure the noise floor."""
     stats_dir = Path(stats_dir)
@@ -105,7 +107,8 @@ def from_stats_dir(stats_dir: Path, reference: str, skip: int = DEFAULT_SKIP, te
     if not paths:
         raise FileNotFoundError(f"no statistics files (grpo_<backend>_<steps>.json) in {stats_dir}")
     return render(**judged(run_files.load_runs(paths), reference, skip, alpha=alpha, margin=margin, margins=margins),
-                  reference=reference, template=template, figures=figures, rollout=rollout, alpha=alpha, margin=margin,
+                  reference=reference, template=template, figures=figures, rollout=rollout, trainer=trainer, alpha=alpha,
+                  margin=margin,
                   margins=margins)
 
 

@@ -235,3 +235,35 @@ def study_settings(reference_stats: dict) -> dict:
             "packages": {name: version for name, version in packages.items() if version},
             "git_commit": env.get("git_commit") or NOT_RECORDED}
 
+
+
+def trainer_section(comparisons: list[dict]) -> dict | None:
+    """The trainer check's comparisons (checks.trainer_verdict), as the report's trainer section shows them: the
+    candidates first, the control (the reference in the other precision) last."""
+    if not comparisons:
+        return None
+    from ..checks.trainer_verdict import NAMES, ORDER, TERMS
+
+    def figures(c, name):
+        row = c["quantities"][name]
+        return {"ratio": row.get("ratio"), "cosine": row.get("cosine")}
+
+    rows = [{"label": c["backend"] + (" (control)" if c["dtype"] != c["reference_dtype"] else ""),
+             "control": c["dtype"] != c["reference_dtype"], "first": NAMES.get(c["first"]) if c["first"] else None,
+             "said": c["said"], **{name: figures(c, name) for name in ("loss", "kl_term", "gradient", "update")}}
+            for c in comparisons]
+    first = comparisons[0]
+    return {"reference": first["reference"], "dtype": first["reference_dtype"], "control_dtype": first["control_dtype"],
+            "factor": first["factor"], "completions": first["completions"], "tokens": first["tokens"],
+            "order": [NAMES[n] for n in ORDER], "terms": [NAMES[t] for t in TERMS],
+            "rows": sorted(rows, key=lambda r: (r["control"], r["label"]))}
+
+
+def trainer_from_dir(folder: Path) -> dict:
+    """trainer_section of the trainer check's comparison files in `folder` (<backend>_vs_<reference>.json)."""
+    import json
+
+    paths = sorted(Path(folder).glob("*_vs_*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no trainer-check comparisons (<backend>_vs_<reference>.json) in {folder}")
+    return trainer_section([json.loads(p.read_text()) for p in paths])

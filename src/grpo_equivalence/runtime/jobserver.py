@@ -222,7 +222,7 @@ def _reap(waiting: dict, log=None) -> None:
 
 
 # The rules whose jobs import TRL: the server pays for its own start (one import) from two of them on
-HEAVY_RULES = ("train", "rollout_check", "prime")
+HEAVY_RULES = ("train", "rollout_check", "prime", "trainer_batch", "trainer_check")
 WORTH_FROM = 2
 
 

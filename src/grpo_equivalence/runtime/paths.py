@@ -20,6 +20,13 @@ RUN_STATS = "results/stats/grpo_{backend}_{steps}{replicate}.json"
 # The rollout check at fixed weights of one backend ({replicate}: "" for the study's seed, "_seed<seed>" for the
 # reference's second seed, its control)
 ROLLOUT = "results/rollout/{backend}{replicate}.json"
+# The trainer check at fixed weights on one batch (checks.trainer): the batch the reference samples, each backend's
+# figures and tensors ({variant}: "" in the study's precision, "_control" for the reference in the other), and each
+# backend's comparison with the reference
+TRAINER_BATCH = "results/trainer/batch.json"
+TRAINER_CHECK = "results/trainer/{backend}{variant}.json"
+TRAINER_TENSORS = "results/trainer/{backend}{variant}.pt"
+TRAINER_COMPARISON = "results/trainer/{candidate}_vs_{reference}.json"
 SUMMARY = "results/stats/grpo_{backend}_{steps}.summary.json"
 COMPARISON = "results/compare/{candidate}_vs_{reference}_{steps}.json"
 REPORT = "results/grpo_equivalence.md"

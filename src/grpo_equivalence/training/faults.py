@@ -16,6 +16,7 @@ FAULTS = {
     "stale_policy": "completions sampled from the policy of one step before",
     "bf16_rollout": "adapters rounded to bfloat16 for the rollout",
     "no_kl": "the KL term dropped from the loss (still measured): a trainer-side control",
+    "loss_x2": "the loss doubled, and its gradient with it: a trainer-side fault",
 }
 TEMPERATURE_FACTOR = {"temperature_up": 1.1, "temperature_down": 0.9}
 # The faults that change what the sampler draws from the same logits, as the settings a faulty sampler uses: the
@@ -135,4 +136,13 @@ def inject(trainer, fault: str) -> list[str]:
     if fault == "no_kl":
         trainer.beta = NEGLIGIBLE_BETA
         return ["fault.beta"]
+    if fault == "loss_x2":
+        compute_loss = trainer.compute_loss
+
+        def doubled(*args, **kwargs):
+            out = compute_loss(*args, **kwargs)
+            return (2 * out[0], *out[1:]) if isinstance(out, tuple) else 2 * out
+
+        trainer.compute_loss = doubled
+        return ["fault.loss_x2"]
     raise AssertionError(fault)

@@ -1,0 +1,191 @@
+"""The trainer check's verdict: each quantity of a backend's trainer check against the reference's, judged against
+what changing the reference's own precision does to it, and the first quantity, in the order training computes
+them, where the two stacks part.
+
+The floor of a quantity is its relative difference between the reference's check in the study's precision and the
+reference's check in the other one (float32 and bfloat16: the control): numerical noise of that size is what the
+precision alone does. A quantity differs when its relative difference exceeds FACTOR times that floor (and
+MIN_DIFFERENCE, below which float32 itself rounds). The control itself sits at the floor by construction: what it
+shows is that the method does not call a precision change a difference. The rule, FACTOR and MIN_DIFFERENCE were
+fixed before any stack was compared. The trainable parameters, their LoRA scaling, the optimizer's groups and the
+learning-rate schedule have no precision noise: they are compared exactly (to MIN_DIFFERENCE).
+"""
+
+import math
+
+# In the order training computes them: the first that differs is where the stacks part
+ORDER = ("policy_logps", "reference_logps", "stack_reference_logps", "kl", "advantages", "loss", "gradient",
+         "clipping", "update", "trainable", "lora_scaling", "optimizer", "schedule")
+# The loss's two terms, judged with it: where only one differs, that term is where the stacks part; where both do
+# by one factor, the loss's normalisation
+TERMS = ("policy_term", "kl_term")
+NAMES = {"policy_logps": "policy log-probabilities", "reference_logps": "reference log-probabilities",
+         "stack_reference_logps": "reference log-probabilities the loss reads", "kl": "per-token KL",
+         "advantages": "advantages", "loss": "loss", "policy_term": "policy term of the loss",
+         "kl_term": "KL term of the loss",
+         "gradient": "gradient", "clipping": "gradient clipping", "update": "optimizer update",
+         "trainable": "trainable parameters", "lora_scaling": "LoRA scaling", "optimizer": "optimizer groups",
+         "schedule": "learning-rate schedule"}
+PER_TOKEN = ("policy_logps", "reference_logps", "stack_reference_logps", "kl", "advantages")
+EXACT = ("trainable", "lora_scaling", "optimizer", "schedule")
+FACTOR = 2.0
+MIN_DIFFERENCE = 1e-6
+
+
+def _flat(values) -> list[float]:
+    if isinstance(values, dict):
+        return [v for key in sorted(values) for v in _flat(values[key])]
+    if hasattr(values, "flatten"):
+        return [float(v) for v in values.flatten().tolist()]
+    if isinstance(values, (list, tuple)):
+        return [v for item in values for v in _flat(item)]
+    return [float(values)] if values is not None else []
+
+
+def _norm(values: list[float]) -> float:
+    return math.sqrt(sum(v * v for v in values))
+
+
+def relative(a, b) -> float:
+    """||a - b|| / ||b|| (0 where both are zero; inf where only b is)."""
+    a, b = _flat(a), _flat(b)
+    if len(a) != len(b):
+        return math.inf
+    diff, scale = _norm([x - y for x, y in zip(a, b, strict=True)]), _norm(b)
+    return diff / scale if scale else (0.0 if diff == 0 else math.inf)
+
+
+def cosine(a, b) -> float | None:
+    a, b = _flat(a), _flat(b)
+    na, nb = _norm(a), _norm(b)
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (na * nb) if na and nb and len(a) == len(b) else None
+
+
+def _common(a: dict, b: dict) -> tuple[dict, dict]:
+    keys = sorted(set(a) & set(b))
+    return {k: a[k] for k in keys}, {k: b[k] for k in keys}
+
+
+def _modules(candidate: dict, reference: dict) -> dict:
+    """Per module (a LoRA layer's A and B together): the candidate's norm over the reference's, and their cosine."""
+    grouped = {}
+    for key in sorted(set(candidate) & set(reference)):
+        grouped.setdefault(key.rsplit(".", 1)[0], []).append(key)
+    out = {}
+    for module, keys in grouped.items():
+        c, r = [candidate[k] for k in keys], [reference[k] for k in keys]
+        scale = _norm(_flat(r))
+        out[module] = {"ratio": _norm(_flat(c)) / scale if scale else None, "cosine": cosine(c, r)}
+    return out
+
+
+def _values(check: dict, tensors: dict) -> dict:
+    """Each quantity of one trainer check, as compare reads it."""
+    return {**{q: tensors.get(q) for q in PER_TOKEN}, "kl_term": check["kl_term"], "loss": check["loss"],
+            "policy_term": check["loss"] - check["kl_term"],
+            "gradient": tensors["gradient"], "clipping": check["clip_coefficient"], "update": tensors["update"],
+            "trainable": check["trainable"], "lora_scaling": check["lora_scaling"],
+            "optimizer": [[g["lr"], g["weight_decay"], g["eps"], g["betas"], g["numel"]] for g in
+                          check["optimizer"]["groups"]], "schedule": check["schedule"]}
+
+
+def _difference(name: str, candidate, reference) -> float | None:
+    """The relative difference of a quantity; None where one stack does not keep it (not compared)."""
+    if candidate is None or reference is None:
+        return None
+    if name == "trainable":
+        return 0.0 if candidate == reference else math.inf
+    if name in ("gradient", "update"):
+        candidate, reference = _common(candidate, reference)
+    if name == "optimizer":  # each group's settings one by one: a learning rate is not to be lost beside a count
+        if len(candidate) != len(reference):
+            return math.inf
+        return max((_difference("", c, r) for cg, rg in zip(candidate, reference, strict=True)
+                    for c, r in zip(cg, rg, strict=True)), default=0.0)
+    try:
+        return relative(candidate, reference)
+    except (TypeError, ValueError):
+        return 0.0 if candidate == reference else math.inf
+
+
+def compare(reference: tuple[dict, dict], candidate: tuple[dict, dict], control: tuple[dict, dict]) -> dict:
+    """Each (check, tensors) pair as checks.trainer writes them. Returns every quantity's difference, floor and
+    verdict, and the first that differs with a sentence saying how."""
+    ref, cand, ctl = (_values(*pair) for pair in (reference, candidate, control))
+    rows = {}
+    for name in (*ORDER, *TERMS):
+        difference = _difference(name, cand[name], ref[name])
+        floor = 0.0 if name in EXACT else (_difference(name, ctl[name], ref[name]) or 0.0)
+        threshold = max(FACTOR * floor, MIN_DIFFERENCE)
+        row = {"difference": difference, "floor": floor, "threshold": threshold,
+               "differs": difference is not None and difference > threshold}
+        if name in ("gradient", "update", "loss", *TERMS):
+            a, b = (_common(cand[name], ref[name]) if isinstance(cand[name], dict) else (cand[name], ref[name]))
+            nb = _norm(_flat(b))
+            scalar = name in ("loss", *TERMS)
+            row["ratio"] = (a / b if b else None) if scalar else (_norm(_flat(a)) / nb if nb else None)
+            if name in ("gradient", "update"):
+                row["cosine"] = cosine(a, b)
+                row["modules"] = _modules(cand[name], ref[name])
+        rows[name] = row
+    rows["loss"]["differs"] = any(rows[n]["differs"] for n in ("loss", *TERMS))
+    first = next((name for name in ORDER if rows[name]["differs"]), None)
+    if first == "loss" and [rows[t]["differs"] for t in TERMS].count(True) == 1:
+        first = next(t for t in TERMS if rows[t]["differs"])
+    check_ref, check_cand = reference[0], candidate[0]
+    missing = sorted(set(check_ref["trainable"]) ^ set(check_cand["trainable"]))
+    return {"backend": check_cand["backend"], "reference": check_ref["backend"], "dtype": check_cand["dtype"],
+            "reference_dtype": check_ref["dtype"], "control_dtype": control[0]["dtype"], "factor": FACTOR,
+            "completions": check_ref["completions"], "tokens": check_ref["tokens"], "quantities": rows, "first": first,
+            "only_in_one": missing, "said": said(first, rows, check_ref, check_cand)}
+
+
+def _x(value) -> str:
+    return "not computed" if value is None else f"{value:.3g}x"
+
+
+def said(first: str | None, rows: dict, reference: dict, candidate: dict) -> str:
+    """One sentence: where the stacks part and by how much, or that every quantity agrees."""
+    if first is None:
+        return ("every quantity within its floor: the same log-probabilities, KL, advantages, loss, gradient, "
+                "clipping, update and optimizer set-up")
+    agree = [NAMES[n] for n in ORDER[:ORDER.index("loss" if first in TERMS else first)]]
+    before = f"{', '.join(agree)} equal; " if agree else ""
+    row = rows[first]
+    if first == "loss":
+        policy = _x(rows["policy_term"]["ratio"])
+        how = (f"loss {_x(row.get('ratio'))} the reference's, both its terms (policy {policy}, "
+               f"KL {_x(rows['kl_term']['ratio'])}): normalised by {candidate['normaliser']:.4g} where the reference "
+               f"by {reference['normaliser']:.4g} (the settings' loss summed over {reference['tokens']} tokens, "
+               "divided by the loss)")
+    elif first in TERMS:
+        other = TERMS[1 - TERMS.index(first)]
+        how = (f"{NAMES[first]} {_x(row.get('ratio'))} the reference's, its {NAMES[other].split(' of ')[0]} "
+               f"{_x(rows[other]['ratio'])} (beta {reference['beta']:g}; loss {_x(rows['loss']['ratio'])})")
+    elif first in ("gradient", "update"):
+        worst = min(((m, v) for m, v in row["modules"].items() if v["cosine"] is not None),
+                    key=lambda item: item[1]["cosine"], default=(None, None))
+        how = f"{NAMES[first]} {_x(row.get('ratio'))} the reference's norm, cosine {row['cosine']:.4f}"
+        if worst[0]:
+            how += f" (lowest {worst[1]['cosine']:.4f}, {worst[0]})"
+    elif first == "clipping":
+        how = (f"clip coefficient {candidate['clip_coefficient']:.4g} where the reference's is "
+               f"{reference['clip_coefficient']:.4g} (gradient norm {candidate['grad_norm']:.4g} against "
+               f"{reference['grad_norm']:.4g}, max_grad_norm {reference['max_grad_norm']})")
+    elif first in EXACT:
+        how = _setup(first, candidate, reference)
+    else:
+        how = f"{NAMES[first]} differ by {row['difference']:.3g} (relative; the floor {row['floor']:.3g})"
+    # what the stacks are told to train can explain a gradient or an update that differs: said with it
+    setup = [_setup(name, candidate, reference) for name in EXACT if rows[name]["differs"] and name != first]
+    return before + how + (f"; and {'; '.join(setup)}" if setup else "")
+
+
+def _setup(name: str, candidate: dict, reference: dict) -> str:
+    return f"{NAMES[name]} differ: " + {
+        "trainable": lambda: f"{candidate['trainable_numel']} trainable numbers against {reference['trainable_numel']}",
+        "lora_scaling": lambda: f"scaling {candidate['lora_scaling']} against {reference['lora_scaling']}",
+        "optimizer": lambda: f"{candidate['optimizer']['groups']} against {reference['optimizer']['groups']}",
+        "schedule": lambda: "learning rates " + ", ".join(f"{a[0]:.3g}/{b[0]:.3g}" for a, b in zip(
+            candidate["schedule"] or [], reference["schedule"] or [], strict=False)),
+    }[name]()

@@ -1,0 +1,127 @@
+"""The trainer check: each stack's trainer at fixed weights on one saved batch, and the verdict that names where two
+stacks part. On the CPU the stacks are TRL + PEFT's (hf, cb_paged); the faults show it finds the right quantity."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from grpo_equivalence.checks import trainer, trainer_verdict
+
+
+def test_a_lora_parameters_key_is_the_same_whatever_wraps_the_model():
+    assert trainer.module_key("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight") == \
+        "layers.0.self_attn.q_proj.lora_A"
+    assert trainer.module_key("model.layers.11.mlp.down_proj.lora_B.weight") == "layers.11.mlp.down_proj.lora_B"
+    assert trainer.module_key("model.embed_tokens.weight") is None
+
+
+def test_the_adapter_is_set_from_the_seed_and_the_name_not_zero_and_not_another_trainable(primed, tiny_study):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    def adapted(init_seed):
+        torch.manual_seed(init_seed)  # PEFT's own draw differs: set_adapter overrides it
+        model = AutoModelForCausalLM.from_pretrained(primed["model"], dtype=torch.float32)
+        return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **tiny_study["lora"]))
+
+    one, two = adapted(1), adapted(2)
+    a, b = trainer.set_adapter(one, 3407), trainer.set_adapter(two, 3407)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert all(a[k].abs().sum() > 0 for k in a if k.endswith("lora_B"))  # PEFT's B is zero: the KL would vanish
+    assert not torch.equal(trainer.set_adapter(two, 1)[next(iter(a))], a[next(iter(a))])
+    next(p for n, p in one.named_parameters() if "embed" in n).requires_grad_(True)
+    with pytest.raises(ValueError, match="is not a LoRA matrix"):
+        trainer.set_adapter(one, 3407)
+
+
+def synthetic(loss=-0.015, kl_term=5e-6, gradient=1.0, scaling=2.0, tokens=84, lr=5e-4):
+    check = {"backend": "b", "dtype": "float32", "loss": loss, "kl_term": kl_term, "clip_coefficient": 1.0,
+             "trainable": {"layers.0.q.lora_A": [8, 64]}, "trainable_numel": 512, "lora_scaling": [scaling],
+             "optimizer": {"groups": [{"lr": lr, "weight_decay": 0.0, "eps": 1e-8, "betas": [0.9, 0.99],
+                                       "numel": 512}]}, "schedule": [[lr], [lr / 2]], "beta": 0.001,
+             "normaliser": 0.1 * tokens / loss, "tokens": tokens, "completions": 8, "grad_norm": gradient,
+             "max_grad_norm": 1.0}
+    g = torch.linspace(-1, 1, 512) * gradient
+    tensors = {"policy_logps": torch.linspace(-3, -1, tokens), "reference_logps": torch.linspace(-3, -1.1, tokens),
+               "kl": torch.full((tokens,), 0.005), "advantages": torch.tensor([1.0, -1.0] * 4),
+               "gradient": {"layers.0.q.lora_A": g}, "update": {"layers.0.q.lora_A": torch.sign(g) * lr}}
+    return check, tensors
+
+
+def with_noise(pair, scale):
+    check, tensors = copy.deepcopy(pair)
+    check["dtype"] = "bfloat16"
+    check["loss"] *= 1 + scale
+    check["kl_term"] *= 1 + 10 * scale
+    for key in ("policy_logps", "reference_logps", "kl"):
+        tensors[key] = tensors[key] * (1 + scale)
+    tensors["gradient"] = {k: v * (1 + scale) for k, v in tensors["gradient"].items()}
+    return check, tensors
+
+
+@pytest.mark.parametrize("change, first, said", [
+    (dict(loss=-0.03, kl_term=1e-5), "loss", "both its terms (policy 2x, KL 2x)"),
+    (dict(kl_term=5e-15), "kl_term", "KL term of the loss 1e-09x the reference's"),
+    (dict(loss=-0.015 * 1.3), "policy_term", "policy term of the loss 1.3x"),
+    (dict(gradient=1.77), "gradient", "gradient 1.77x the reference's norm, cosine 1.0000"),
+    (dict(scaling=4.0), "lora_scaling", "scaling [4.0] against [2.0]"),
+    (dict(lr=1e-4), "update", "optimizer update 0.2x the reference's norm, cosine 1.0000 (lowest 1.0000, "
+                              "layers.0.q); and optimizer groups differ: [{'lr': 0.0001,"),  # the cause said with it
+    ({}, None, "every quantity within its floor"),
+])
+def test_the_verdict_names_the_first_quantity_beyond_the_precisions_floor(change, first, said):
+    reference = synthetic()
+    control = with_noise(reference, 1e-3)
+    result = trainer_verdict.compare(reference, synthetic(**change), control)
+    assert result["first"] == first and said in result["said"], result["said"]
+    assert trainer_verdict.compare(reference, control, control)["first"] is None  # the control at its own floor
+
+
+@pytest.fixture(scope="module")
+def checked(primed, tiny_study, tmp_path_factory):
+    """The trainer check on the CPU, as the workflow runs it: hf samples the batch; hf, cb_paged, the two
+    trainer-side faults and the control (hf in bfloat16) each check it."""
+    folder = tmp_path_factory.mktemp("trainer")
+    config = copy.deepcopy(tiny_study)
+    batch = trainer.sample_batch(config, "hf", model_path=primed["model"], dataset=primed["dataset"],
+                                 out=folder / "batch.json", log=lambda s: None)
+    out = {}
+    for name, backend, dtype in (("hf", "hf", "float32"), ("control", "hf", "bfloat16"), ("cb_paged", "cb_paged",
+                                 "float32"), ("no_kl", "hf+no_kl", "float32"), ("loss_x2", "hf+loss_x2", "float32")):
+        trainer.check({**config, "dtype": dtype}, backend, model_path=primed["model"], dataset=primed["dataset"],
+                      batch=batch, max_steps=12, out=folder / f"{name}.json", tensors=folder / f"{name}.pt",
+                      log=lambda s: None)
+        out[name] = (json.loads((folder / f"{name}.json").read_text()), torch.load(folder / f"{name}.pt"))
+    return batch, out
+
+
+def test_the_batch_is_one_generation_batch_with_each_reward_functions_scores(checked):
+    batch, _ = checked
+    assert len(batch["completion_ids"]) == batch["prompts"] * batch["generations"] == 8
+    assert len(batch["rewards"]) == 8 and len(batch["rewards"][0]) == 4  # the study's four reward functions
+
+
+def test_each_stack_computes_from_the_saved_batch_what_one_step_does(checked):
+    batch, out = checked
+    check, tensors = out["hf"]
+    assert check["tokens"] == sum(map(len, batch["completion_ids"])) == tensors["kl"].numel()
+    assert check["kl_mean"] > 1e-4  # the adapter moved the policy: the KL term is not zero
+    assert check["logged"]["kl"] == pytest.approx(check["kl_mean"], rel=1e-4)  # TRL's KL is the one computed here
+    assert check["normaliser"] == pytest.approx(check["tokens"], rel=1e-3)  # dapo: the loss over the batch's tokens
+    assert check["grad_norm"] > 0 and check["lora_scaling"] == [2.0] and len(check["schedule"]) == 12
+    assert set(tensors["gradient"]) == set(check["trainable"]) and all(v.abs().sum() > 0 for v in tensors["update"].values())
+
+
+@pytest.mark.parametrize("candidate, first, said", [
+    ("cb_paged", None, "every quantity within its floor"),
+    ("no_kl", "kl_term", "KL term of the loss 1e-09x"),
+    ("loss_x2", "loss", "normalised by 42 where the reference by 84"),
+    ("control", None, "every quantity within its floor"),
+])
+def test_a_trainer_side_fault_is_flagged_at_its_quantity_and_the_control_and_another_rollout_path_nowhere(
+        checked, candidate, first, said):
+    _, out = checked
+    result = trainer_verdict.compare(out["hf"], out[candidate], out["control"])
+    assert result["first"] == first and said in result["said"].replace("42.0", "42"), result["said"]
