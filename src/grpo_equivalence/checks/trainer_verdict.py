@@ -32,33 +32,40 @@ FACTOR = 2.0
 MIN_DIFFERENCE = 1e-6
 
 
-def _flat(values) -> list[float]:
+def _flat(values):
+    """A quantity as one float64 vector (a dict by its sorted keys): an adapter's gradient has millions of numbers."""
+    import torch
+
     if isinstance(values, dict):
-        return [v for key in sorted(values) for v in _flat(values[key])]
-    if hasattr(values, "flatten"):
-        return [float(v) for v in values.flatten().tolist()]
-    if isinstance(values, (list, tuple)):
-        return [v for item in values for v in _flat(item)]
-    return [float(values)] if values is not None else []
+        parts = [_flat(values[key]) for key in sorted(values)]
+    elif hasattr(values, "flatten"):
+        return values.detach().flatten().to(torch.float64).cpu()
+    elif isinstance(values, (list, tuple)):
+        parts = [_flat(item) for item in values]
+    else:
+        return torch.tensor([] if values is None else [float(values)], dtype=torch.float64)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
 
-def _norm(values: list[float]) -> float:
-    return math.sqrt(sum(v * v for v in values))
+def _norm(values) -> float:
+    import torch
+
+    return float(torch.linalg.vector_norm(values))
 
 
 def relative(a, b) -> float:
     """||a - b|| / ||b|| (0 where both are zero; inf where only b is)."""
     a, b = _flat(a), _flat(b)
-    if len(a) != len(b):
+    if a.numel() != b.numel():
         return math.inf
-    diff, scale = _norm([x - y for x, y in zip(a, b, strict=True)]), _norm(b)
+    diff, scale = _norm(a - b), _norm(b)
     return diff / scale if scale else (0.0 if diff == 0 else math.inf)
 
 
 def cosine(a, b) -> float | None:
     a, b = _flat(a), _flat(b)
     na, nb = _norm(a), _norm(b)
-    return sum(x * y for x, y in zip(a, b, strict=True)) / (na * nb) if na and nb and len(a) == len(b) else None
+    return float(a @ b) / (na * nb) if na and nb and a.numel() == b.numel() else None
 
 
 def _common(a: dict, b: dict) -> tuple[dict, dict]:
