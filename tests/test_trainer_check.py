@@ -79,6 +79,15 @@ def test_the_verdict_names_the_first_quantity_beyond_the_precisions_floor(change
     assert trainer_verdict.compare(reference, control, control)["first"] is None  # the control at its own floor
 
 
+def test_a_batch_whose_groups_all_tie_has_no_policy_term_and_the_verdict_says_zero_in_both():
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, float("nan")], [2.0, float("nan")]])
+    assert trainer._groups_with_signal(rewards, 2) == 1  # the second group's totals differ (nan: not scored)
+    assert trainer._groups_with_signal(rewards[:2], 2) == 0
+    reference = synthetic(loss=5e-6, kl_term=5e-6)  # the loss is its KL term: no advantage anywhere
+    result = trainer_verdict.compare(reference, synthetic(loss=5.5e-6, kl_term=5.5e-6), with_noise(reference, 1e-3))
+    assert result["first"] == "kl_term" and "its policy term zero in both" in result["said"], result["said"]
+
+
 @pytest.fixture(scope="module")
 def checked(primed, tiny_study, tmp_path_factory):
     """The trainer check on the CPU, as the workflow runs it: hf samples the batch; hf, the two trainer-side faults
@@ -101,6 +110,22 @@ def test_the_batch_is_one_generation_batch_with_each_reward_functions_scores(che
     batch, _ = checked
     assert len(batch["completion_ids"]) == batch["prompts"] * batch["generations"] == 8
     assert len(batch["rewards"]) == 8 and len(batch["rewards"][0]) == 4  # the study's four reward functions
+    assert batch["groups_with_signal"] >= 1  # some completions have an advantage: the policy term is compared
+
+
+def test_a_batch_whose_groups_all_tie_is_sampled_again_from_the_next_prompts(primed, tiny_study, tmp_path,
+                                                                             monkeypatch):
+    seen = []
+
+    def ties_first(rewards, generations):
+        seen.append(rewards.shape)
+        return 0 if len(seen) == 1 else 1
+
+    monkeypatch.setattr(trainer, "_groups_with_signal", ties_first)
+    batch = trainer.sample_batch(copy.deepcopy(tiny_study), "hf", model_path=primed["model"],
+                                 dataset=primed["dataset"], out=tmp_path / "batch.json", log=lambda s: None)
+    assert len(seen) == 2 and batch["first_prompt"] == batch["prompts"] == 2  # the second window of prompts
+    assert json.loads((tmp_path / "batch.json").read_text())["first_prompt"] == 2
 
 
 def test_each_stack_computes_from_the_saved_batch_what_one_step_does(checked):
@@ -111,16 +136,38 @@ def test_each_stack_computes_from_the_saved_batch_what_one_step_does(checked):
     assert check["logged"]["kl"] == pytest.approx(check["kl_mean"], rel=1e-4)  # TRL's KL is the one computed here
     assert check["normaliser"] == pytest.approx(check["tokens"], rel=1e-3)  # dapo: the loss over the batch's tokens
     assert check["grad_norm"] > 0 and check["lora_scaling"] == [2.0] and len(check["schedule"]) == 12
+    assert check["with_advantage"] == int((tensors["advantages"] != 0).sum()) > 0
     assert set(tensors["gradient"]) == set(check["trainable"]) and all(v.abs().sum() > 0 for v in tensors["update"].values())
 
 
 @pytest.mark.parametrize("candidate, first, said", [
     ("no_kl", "kl_term", "KL term of the loss 1e-09x"),
-    ("loss_x2", "loss", "normalised by 42 where the reference by 84"),
+    ("loss_x2", "loss", "normalised by {half:.4g} where the reference by {tokens}"),  # the loss over half the tokens
     ("control", None, "every quantity within its floor"),
 ])
 def test_a_trainer_side_fault_is_flagged_at_its_quantity_and_the_control_nowhere(
         checked, candidate, first, said):
     _, out = checked
     result = trainer_verdict.compare(out["hf"], out[candidate], out["control"])
-    assert result["first"] == first and said in result["said"].replace("42.0", "42"), result["said"]
+    tokens = out["hf"][0]["tokens"]
+    assert result["first"] == first and said.format(half=tokens / 2, tokens=tokens) in result["said"], result["said"]
+
+
+def _trainer_section_text(comparisons) -> str:
+    import jinja2
+
+    from grpo_equivalence.report import render, sections
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(render.TEMPLATE.parent)),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(num=render._num, sig=render._sig, cell=render._cell)
+    return env.get_template("sections/trainer.md.j2").render(trainer=sections.trainer_section(comparisons))
+
+
+@pytest.mark.parametrize("with_advantage", [0, 8])
+def test_the_report_says_how_many_completions_carry_an_advantage_and_in_bold_when_none(with_advantage):
+    reference = synthetic()
+    reference[0]["with_advantage"] = with_advantage
+    text = _trainer_section_text([trainer_verdict.compare(reference, synthetic(), with_noise(reference, 1e-3))])
+    assert f"84 completion\ntokens, {with_advantage} with an advantage)" in text
+    assert ("**No completion of the batch has an advantage**" in text) == (with_advantage == 0)

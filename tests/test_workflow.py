@@ -170,6 +170,9 @@ def test_the_trainer_check_finds_the_tiny_studys_trainer_stacks_the_same(study):
     assert all(row["Where it parts from hf"].startswith("nowhere") for row in rows), rows
     check = json.loads((study / "results/trainer/hf.json").read_text())
     assert check["tokens"] > 0 and check["kl_mean"] > 0 and check["normaliser"] == pytest.approx(check["tokens"], rel=1e-3)
+    # the batch has advantages (a batch whose groups all tie has no policy term to compare), and the report says so
+    assert check["with_advantage"] > 0 and f"{check['with_advantage']} with an advantage" in report
+    assert "No completion of the batch has an advantage" not in report
 
 
 def test_hf_static_is_equivalent_to_hf(study):

@@ -32,6 +32,8 @@ SCHEMA_VERSION = 1
 ADAPTER_B_STD = 0.1
 # Unsloth's models return no logits in training (it fuses the loss) unless told to
 UNSLOTH_LOGITS_ENV = "UNSLOTH_RETURN_LOGITS"
+# Generation batches sampled at most for one whose rewards differ within a group (sample_batch)
+BATCH_TRIES = 8
 
 
 def module_key(name: str) -> str | None:
@@ -67,28 +69,48 @@ def set_adapter(model, seed: int) -> dict:
     return params
 
 
+def _groups_with_signal(rewards, generations: int) -> int:
+    """How many groups' total rewards differ (their completions get advantages that are not zero)."""
+    totals = rewards.nansum(dim=1).reshape(-1, generations)
+    return int((totals.max(dim=1).values > totals.min(dim=1).values).sum())
+
+
 def sample_batch(config: dict, backend_name: str, *, model_path: str, dataset: dict, out: Path, log=print) -> dict:
     """One generation batch as training samples it, through `backend_name`'s rollout path (the reference's), with
-    each reward function's score of each completion (TRL's reward path): the batch every stack's check uses."""
+    each reward function's score of each completion (TRL's reward path): the batch every stack's check uses.
+
+    A batch whose groups all tie (every completion of a prompt scored alike) has no advantage, so no policy term
+    and no policy gradient to compare: the next prompts of the data set are sampled instead, up to BATCH_TRIES
+    batches; if every one ties, the last is kept and the check says the policy term is zero in every stack."""
     from ..training.session import session
 
     with session(config, backend_name, 1, model_path=model_path, dataset=dataset, log=log) as built:
         trainer = built.trainer
         generations = trainer.num_generations
         count = max(1, trainer.args.generation_batch_size // generations)
-        rows = [trainer.train_dataset[i] for i in range(count)]
-        inputs = [row for row in rows for _ in range(generations)]
-        prompts = [row["prompt"] for row in inputs]
-        output = trainer._generate(prompts)
-        prompt_ids, completion_ids, completions = output[0], output[1], output[3]
-        ids = [list(map(int, c)) for c in completion_ids]
-        rewards = trainer._calculate_rewards(inputs, prompts, completions, ids)
-    batch = {"schema_version": SCHEMA_VERSION, "backend": backend_name, "prompts": count, "generations": generations,
+        tries = max(1, min(BATCH_TRIES, len(trainer.train_dataset) // count))
+        for attempt in range(tries):
+            first = attempt * count
+            rows = [trainer.train_dataset[i] for i in range(first, first + count)]
+            inputs = [row for row in rows for _ in range(generations)]
+            prompts = [row["prompt"] for row in inputs]
+            output = trainer._generate(prompts)
+            prompt_ids, completion_ids, completions = output[0], output[1], output[3]
+            ids = [list(map(int, c)) for c in completion_ids]
+            rewards = trainer._calculate_rewards(inputs, prompts, completions, ids)
+            signal = _groups_with_signal(rewards.float().cpu(), generations)
+            if signal:
+                break
+            log(f"[{backend_name}] prompts {first}..{first + count - 1}: every group's rewards tie (no advantage); "
+                "sampling the next prompts")
+    batch = {"schema_version": SCHEMA_VERSION, "backend": backend_name, "first_prompt": first, "prompts": count,
+             "generations": generations, "groups_with_signal": signal,
              "prompt_ids": [list(map(int, p)) for p in prompt_ids], "completion_ids": ids,
              "completions": list(completions), "rewards": [[float(v) for v in row] for row in rewards.tolist()]}
     stats.write_json(out, batch)
-    log(f"[{backend_name}] the trainer check's batch: {count} prompts x {generations} completions, "
-        f"{sum(map(len, ids))} completion tokens -> {out}")
+    log(f"[{backend_name}] the trainer check's batch: prompts {first}..{first + count - 1} x {generations} "
+        f"completions, {sum(map(len, ids))} completion tokens, {signal} of {count} groups with differing rewards "
+        f"-> {out}")
     return batch
 
 
@@ -107,7 +129,8 @@ def _use_batch(trainer, batch: dict) -> list[dict]:
 
     trainer._generate = saved_generation
     trainer._calculate_rewards = lambda *args, **kwargs: rewards.to(trainer.accelerator.device)
-    rows = [trainer.train_dataset[i] for i in range(batch["prompts"])]
+    first = batch.get("first_prompt", 0)
+    rows = [trainer.train_dataset[i] for i in range(first, first + batch["prompts"])]
     return [row for row in rows for _ in range(batch["generations"])]
 
 
@@ -231,6 +254,7 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ba
         "schema_version": SCHEMA_VERSION, "backend": backend_name, "fault": faults.split(backend_name)[1],
         "dtype": config["dtype"], "seed": config["grpo"]["seed"], "max_steps": max_steps, "beta": beta,
         "loss_type": getattr(trainer.args, "loss_type", None), "completions": len(lengths), "tokens": sum(lengths),
+        "with_advantage": int((advantages != 0).sum()),
         "loss": float(loss.detach()), "kl_term": kl_term, "summed_loss": summed,
         "normaliser": summed / float(loss.detach()) if float(loss.detach()) else None,
         "kl_mean": float(per_token["kl"].mean()), "logged": logged, "grad_norm": norm, "max_grad_norm": max_norm,

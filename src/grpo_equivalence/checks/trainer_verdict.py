@@ -131,6 +131,7 @@ def compare(reference: tuple[dict, dict], candidate: tuple[dict, dict], control:
             nb = _norm(_flat(b))
             scalar = name in ("loss", *TERMS)
             row["ratio"] = (a / b if b else None) if scalar else (_norm(_flat(a)) / nb if nb else None)
+            row["zero"] = (a == 0 and b == 0) if scalar else (nb == 0 and _norm(_flat(a)) == 0)
             if name in ("gradient", "update"):
                 row["cosine"] = cosine(a, b)
                 row["modules"] = _modules(cand[name], ref[name])
@@ -143,12 +144,16 @@ def compare(reference: tuple[dict, dict], candidate: tuple[dict, dict], control:
     missing = sorted(set(check_ref["trainable"]) ^ set(check_cand["trainable"]))
     return {"backend": check_cand["backend"], "reference": check_ref["backend"], "dtype": check_cand["dtype"],
             "reference_dtype": check_ref["dtype"], "control_dtype": control[0]["dtype"], "factor": FACTOR,
-            "completions": check_ref["completions"], "tokens": check_ref["tokens"], "quantities": rows, "first": first,
+            "completions": check_ref["completions"], "tokens": check_ref["tokens"],
+            "with_advantage": check_ref.get("with_advantage"), "quantities": rows, "first": first,
             "only_in_one": missing, "said": said(first, rows, check_ref, check_cand)}
 
 
-def _x(value) -> str:
-    return "not computed" if value is None else f"{value:.3g}x"
+def _x(value, row: dict | None = None) -> str:
+    """A ratio as said; a ratio of two zeros is said as such (a batch whose groups all tie has no policy term)."""
+    if value is None:
+        return "zero in both" if row and row.get("zero") else "not computed"
+    return f"{value:.3g}x"
 
 
 def said(first: str | None, rows: dict, reference: dict, candidate: dict) -> str:
@@ -160,15 +165,17 @@ def said(first: str | None, rows: dict, reference: dict, candidate: dict) -> str
     before = f"{', '.join(agree)} equal; " if agree else ""
     row = rows[first]
     if first == "loss":
-        policy = _x(rows["policy_term"]["ratio"])
+        policy = _x(rows["policy_term"]["ratio"], rows["policy_term"])
         how = (f"loss {_x(row.get('ratio'))} the reference's, both its terms (policy {policy}, "
-               f"KL {_x(rows['kl_term']['ratio'])}): normalised by {candidate['normaliser']:.4g} where the reference "
+               f"KL {_x(rows['kl_term']['ratio'], rows['kl_term'])}): normalised by {candidate['normaliser']:.4g} "
+               "where the reference "
                f"by {reference['normaliser']:.4g} (the settings' loss summed over {reference['tokens']} tokens, "
                "divided by the loss)")
     elif first in TERMS:
         other = TERMS[1 - TERMS.index(first)]
         how = (f"{NAMES[first]} {_x(row.get('ratio'))} the reference's, its {NAMES[other].split(' of ')[0]} "
-               f"{_x(rows[other]['ratio'])} (beta {reference['beta']:g}; loss {_x(rows['loss']['ratio'])})")
+               f"{_x(rows[other]['ratio'], rows[other])} (beta {reference['beta']:g}; "
+               f"loss {_x(rows['loss']['ratio'])})")
     elif first in ("gradient", "update"):
         worst = min(((m, v) for m, v in row["modules"].items() if v["cosine"] is not None),
                     key=lambda item: item[1]["cosine"], default=(None, None))

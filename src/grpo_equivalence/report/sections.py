@@ -255,7 +255,8 @@ def trainer_section(comparisons: list[dict]) -> dict | None:
     first = comparisons[0]
     return {"reference": first["reference"], "dtype": first["reference_dtype"], "control_dtype": first["control_dtype"],
             "factor": first["factor"], "completions": first["completions"], "tokens": first["tokens"],
-            "order": [NAMES[n] for n in ORDER], "terms": [NAMES[t] for t in TERMS],
+            "with_advantage": first.get("with_advantage"), "order": [NAMES[n] for n in ORDER],
+            "terms": [NAMES[t] for t in TERMS],
             "rows": sorted(rows, key=lambda r: (r["control"], r["label"]))}
 
 
