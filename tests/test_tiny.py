@@ -59,3 +59,14 @@ def test_embedding_is_padded_like_a_real_checkpoints(tmp_path):
     assert tiny.padded_vocab_size(128) == 128 and tiny.padded_vocab_size(129) == 256
     # ids past the tokenizer decode to nothing rather than failing
     assert tokenizer.decode([rows - 1, tokenizer.convert_tokens_to_ids("7")]) == "7"
+
+
+def test_the_output_layer_is_never_square_whatever_the_width(tmp_path):
+    """At vocabulary = hidden size Unsloth's GRPO loss takes the model's hidden states for logits (measured on the
+    H200: docs/examples/h200-non-square-head); the study's own width, 128, is the size the tokenizer rounds up to."""
+    from transformers import AutoModelForCausalLM
+
+    assert tiny.padded_vocab_size(103, 128) == 256 and tiny.padded_vocab_size(103, 256) == 128
+    tiny.save_model(tmp_path, hidden_size=128, num_layers=1, seed=0)
+    head = AutoModelForCausalLM.from_pretrained(tmp_path).get_output_embeddings().weight
+    assert tuple(head.shape) == (256, 128)

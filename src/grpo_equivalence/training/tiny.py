@@ -23,8 +23,14 @@ CHARACTERS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
 VOCAB_MULTIPLE = 128
 
 
-def padded_vocab_size(tokens: int) -> int:
-    return -(-tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+def padded_vocab_size(tokens: int, hidden_size: int | None = None) -> int:
+    """The embedding's rows: the tokenizer's size rounded up to VOCAB_MULTIPLE, and never the hidden size. An output
+    layer as wide as it is tall (vocabulary = hidden size) is the one shape where Unsloth's GRPO code cannot tell the
+    final hidden states its forward returns from logits by their width; Unsloth 2026.10.9 then takes them for logits,
+    and its loss reads log-probabilities near log(1/rows) for the policy and the reference model alike
+    (docs/examples/h200-non-square-head). Real checkpoints are far from square (Qwen3-4B: 151,936 by 2,560)."""
+    rows = -(-tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    return rows + VOCAB_MULTIPLE if rows == hidden_size else rows
 
 
 def build_tokenizer(size: int | None = None):
@@ -61,7 +67,7 @@ def build_model(tokenizer, *, hidden_size: int, num_layers: int, seed: int):
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
-        vocab_size=padded_vocab_size(len(tokenizer)),
+        vocab_size=padded_vocab_size(len(tokenizer), hidden_size),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
