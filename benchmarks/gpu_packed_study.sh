@@ -7,7 +7,9 @@
 # they ask for), the other seeds packed beside each other, each asking MEMORY_GB of the GPU (default 3; "none":
 # what the backend's alone run measured, with first). Both vLLM engines reserve VLLM_SHARE of the GPU (default
 # 0.1) beside that. Writes the study, report, statistics, rollout checks, logs, versions and the makespan to
-# OUTDIR; benchmarks/packing_results.py OUTDIR turns them into the figures.
+# OUTDIR; benchmarks/packing_results.py OUTDIR turns them into the figures. HIDDEN sets the tiny model's width (default
+# the study's 128, as wide as its vocabulary: a square output layer); DEADLINE (s) stops the workflow in time to copy
+# what finished when the machine's time is short.
 # Usage: benchmarks/gpu_packed_study.sh [OUTDIR]
 set -uo pipefail
 out=$(realpath -m "${1:-results/gpu-packed}")
@@ -15,11 +17,13 @@ mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 python3 - "$out/study.yaml" "${SEEDS:-8}" "${STEPS:-30}" "${JOBS:-16}" "${VLLM_SHARE:-0.1}" "${SPEED_RUNS:-last}" \
   "${MEMORY_GB:-3}" "${SEED:-}" "${BACKENDS:-vllm unsloth_fi_false cb_paged hf hf_static trl_vllm}" \
-  "${REFERENCE:-vllm}" <<'PY'
+  "${REFERENCE:-vllm}" "${HIDDEN:-}" <<'PY'
 import sys, yaml
 config = yaml.safe_load(open("studies/tiny.yaml"))
 if sys.argv[8]:  # other seeds than the study's: runs that no earlier version of the method was read on
     config["grpo"]["seed"] = int(sys.argv[8])
+if sys.argv[11]:
+    config["tiny"]["hidden_size"] = int(sys.argv[11])
 seeds, steps, jobs, share = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 speed_runs, memory = sys.argv[6], None if sys.argv[7] == "none" else float(sys.argv[7])
 config.update(backends=sys.argv[9].split(), reference=sys.argv[10],
@@ -37,15 +41,16 @@ echo "started $start" > "$out/progress.log"
       2>/dev/null | head -1 | tr -d ' '),$(cut -d' ' -f1 /proc/loadavg)"
   done ) > "$out/gpu.csv" &
 sampler=$!
-python3 -m snakemake results/grpo_equivalence.md --cores "${CORES:-16}" --resources gpu=1 --config study="$out/study.yaml" results=results \
+timeout "${DEADLINE:-0}" python3 -m snakemake results/grpo_equivalence.md --cores "${CORES:-16}" --resources gpu=1 --config study="$out/study.yaml" results=results \
   --keep-going > "$out/snakemake.log" 2>&1
 echo "snakemake exit $?" >> "$out/progress.log"
 kill "$sampler" 2>/dev/null
 echo "makespan_s $(( $(date +%s) - start ))" | tee -a "$out/snakemake.log" >> "$out/progress.log"
 cp results/grpo_equivalence.md "$out/" 2>/dev/null
-mkdir -p "$out/stats" "$out/rollout" "$out/logs" "$out/figures"
+mkdir -p "$out/stats" "$out/rollout" "$out/trainer" "$out/logs" "$out/figures"
 cp results/stats/*.json "$out/stats/" 2>/dev/null
 cp results/rollout/*.json "$out/rollout/" 2>/dev/null
+cp results/trainer/*.json "$out/trainer/" 2>/dev/null
 cp results/figures/*.png "$out/figures/" 2>/dev/null
 cp -r results/logs/. "$out/logs/"
 bash benchmarks/versions.sh "$out/versions.txt"
