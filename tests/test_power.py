@@ -5,61 +5,10 @@ import math
 
 import pytest
 
-from grpo_equivalence.checks import power, rollout_verdict, scoring
+from grpo_equivalence.checks import power, rollout_verdict, scoring, synthetic
 from grpo_equivalence.training import faults
 
-STUDY = {"temperature": 0.1, "top_k": 5, "top_p": 0.97, "min_p": 0.5}  # config.yaml's sampling
-TINY = {"temperature": 1.0, "top_k": 5, "top_p": 0.97, "min_p": 0.05}
-LENGTH = 50  # tokens per synthetic completion
-
-
-def _round(values, dtype: str):
-    import torch
-
-    return values.to(getattr(torch, dtype)).float()
-
-
-def _logits(n: int, scale: float, generator, vocabulary: int = 20):
-    """What a model "truly" computes at n positions: a few leading tokens near each other, as a trained model has."""
-    import torch
-
-    base = torch.randn((n, vocabulary), generator=generator) * scale
-    return base + 4 * scale * (torch.arange(vocabulary) < 3).float()
-
-
-def _sample(truth, settings: dict, dtype: str, generator, noise: float = 0.5):
-    """A correct sampler of `settings` on its own logits: the truth with its kernels' error (`noise` rounding steps
-    of the logit, before the final rounding to dtype), and the scorer's logits, computed with other kernels."""
-    import torch
-
-    step = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -8}[dtype] * truth.abs().clamp_min(1.0)
-
-    def computed():
-        return _round(truth + noise * step * torch.randn(truth.shape, generator=generator), dtype)
-
-    sampler, scorer = computed(), computed()
-    q = torch.softmax(scoring.processors(settings)(torch.zeros((len(truth), 1), dtype=torch.long), sampler.clone()), -1)
-    return scorer, torch.multinomial(q, 1, generator=generator).squeeze(1)
-
-
-def _check(truth, sampler_settings, dtype, generator, *, margin=0.05, rounding=None):
-    """A rollout-check file's content from synthetic positions, scored under STUDY or TINY as the sampler's base."""
-    scorer, tokens = _sample(truth, sampler_settings, dtype, generator)
-    settings = sampler_settings.get("_settings", sampler_settings)
-    scored = scoring.score_tokens(scorer, tokens, {k: v for k, v in settings.items() if k != "_settings"},
-                                  rounding=scoring.ROUNDING[dtype] if rounding is None else rounding, margin=margin)
-    profile, completions = power.empty_profile(faults.SAMPLING), []
-    for start in range(0, len(tokens), LENGTH):
-        part = {k: ({a: b[start:start + LENGTH] for a, b in v.items()} if isinstance(v, dict)
-                    else v[start:start + LENGTH]) for k, v in scored.items()}
-        sums = scoring.completion_sums(part)
-        power.add(profile, sums, scoring.effect_sums(part))
-        completions.append({"prompt": start // LENGTH, "reward": 1.0, **sums})
-    return {"backend": "synthetic", "seed": 0, "sampling": settings, "completions": completions, "profile": profile}
-
-
-def _faulty(fault: str, settings: dict) -> dict:
-    return {**faults.sampler_settings(fault, settings), "_settings": settings}
+STUDY, TINY = synthetic.STUDY, synthetic.TINY
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -70,7 +19,7 @@ def test_a_correct_sampler_scores_as_one_on_its_own_where_the_rounding_moves_its
     import torch
 
     generator = torch.Generator().manual_seed(1)
-    run = _check(_logits(40_000, 2.0, generator), settings, dtype, generator)
+    run = synthetic.check(synthetic.logits(40_000, 2.0, generator), settings, dtype, generator)
     totals = rollout_verdict.totals(run)
     assert totals["outside"] == 0
     z = totals["score"] / math.sqrt(totals["variance"]) if totals["variance"] else 0.0
@@ -83,8 +32,8 @@ def test_counting_every_position_in_bfloat16_at_temperature_0_1_is_what_made_a_c
     import torch
 
     generator = torch.Generator().manual_seed(2)
-    truth = _logits(80_000, 0.5, generator)
-    scorer, tokens = _sample(truth, STUDY, "bfloat16", generator, noise=1.0)
+    truth = synthetic.logits(80_000, 0.5, generator)
+    scorer, tokens = synthetic.sample(truth, STUDY, "bfloat16", generator, noise=1.0)
     everywhere = scoring.completion_sums(scoring.score_tokens(scorer, tokens, STUDY, rounding=0.0, margin=0.05))
     assert everywhere["outside"] > 200 and everywhere["score"] / math.sqrt(everywhere["variance"]) > 5
     decided = scoring.completion_sums(scoring.score_tokens(scorer, tokens, STUDY, rounding=scoring.ROUNDING["bfloat16"],
@@ -98,8 +47,8 @@ def test_a_sampler_ignoring_min_p_at_temperature_0_1_is_clearly_outside_where_th
     import torch
 
     generator = torch.Generator().manual_seed(3)
-    truth = _logits(20_000, 0.5, generator)
-    scorer, tokens = _sample(truth, faults.sampler_settings("no_min_p", STUDY), "bfloat16", generator)
+    truth = synthetic.logits(20_000, 0.5, generator)
+    scorer, tokens = synthetic.sample(truth, faults.sampler_settings("no_min_p", STUDY), "bfloat16", generator)
     new = scoring.completion_sums(scoring.score_tokens(scorer, tokens, STUDY, rounding=scoring.ROUNDING["bfloat16"],
                                                        margin=0.05))
     band_at_old_tolerance = 0.25 / scorer.amax(-1).abs().clamp_min(1.0).mean().item()
@@ -114,7 +63,7 @@ def test_a_fault_that_cannot_change_what_is_sampled_is_named_so_not_counted_as_a
     import torch
 
     generator = torch.Generator().manual_seed(4)
-    run = _check(_logits(20_000, 2.0, generator) + 20, STUDY, "bfloat16", generator)
+    run = synthetic.check(synthetic.logits(20_000, 2.0, generator) + 20, STUDY, "bfloat16", generator)
     planned = power.plan(run["profile"], alpha=0.05, family=10)["faults"]
     assert planned["no_top_k"]["kind"] == power.NO_CHANGE
     assert planned["temperature_up"]["kind"] in (power.NO_CHANGE, power.ROUNDING_ONLY)
@@ -131,15 +80,16 @@ def test_the_stated_power_is_the_detection_rate_measured(settings, fault):
     import torch
 
     generator = torch.Generator().manual_seed(5)
-    probe = _check(_logits(100_000, 2.0, generator), settings, "float32", generator)
+    probe = synthetic.check(synthetic.logits(100_000, 2.0, generator), settings, "float32", generator)
     rates = power.per_token(probe["profile"])
     level = 0.05 / 2
     tokens = power._needed(lambda n: power.detection_power(rates, fault, n, level), target=0.6)
     stated = power.detection_power(rates, fault, tokens, level)
     found = 0
     for _ in range(30):
-        reference = _check(_logits(tokens, 2.0, generator), settings, "float32", generator)
-        candidate = _check(_logits(tokens, 2.0, generator), _faulty(fault, settings), "float32", generator)
+        reference = synthetic.check(synthetic.logits(tokens, 2.0, generator), settings, "float32", generator)
+        candidate = synthetic.check(synthetic.logits(tokens, 2.0, generator), synthetic.faulty(fault, settings),
+                                    "float32", generator)
         comparison = rollout_verdict.compare(reference, candidate, alpha=0.05, support_margin=0.001, margin_sd=0.1)
         rollout_verdict.finalize([comparison], 0.05)
         found += comparison["verdict"] == "divergent"
@@ -159,7 +109,7 @@ def test_sampling_rounds_to_the_plan_keeps_the_false_alarm_rate_of_one_look():
         for _ in range(2):
             completions, profile, rounds = [], power.empty_profile(faults.SAMPLING), 0
             while True:
-                part = _check(_logits(500, 1.0, generator), TINY, "float32", generator, margin=0.25)
+                part = synthetic.check(synthetic.logits(500, 1.0, generator), TINY, "float32", generator, margin=0.25)
                 completions += part["completions"]
                 power.merge(profile, part["profile"])
                 rounds += 1
