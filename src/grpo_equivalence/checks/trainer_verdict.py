@@ -128,10 +128,10 @@ def compare(reference: tuple[dict, dict], candidate: tuple[dict, dict], control:
                "differs": difference is not None and difference > threshold}
         if name in ("gradient", "update", "loss", *TERMS):
             a, b = (_common(cand[name], ref[name]) if isinstance(cand[name], dict) else (cand[name], ref[name]))
-            nb = _norm(_flat(b))
             scalar = name in ("loss", *TERMS)
-            row["ratio"] = (a / b if b else None) if scalar else (_norm(_flat(a)) / nb if nb else None)
-            row["zero"] = (a == 0 and b == 0) if scalar else (nb == 0 and _norm(_flat(a)) == 0)
+            na, nb = (abs(a), abs(b)) if scalar else (_norm(_flat(a)), _norm(_flat(b)))
+            row["ratio"] = ((a / b) if scalar else (na / nb)) if nb else None
+            row["zero"] = na == 0 and nb == 0
             if name in ("gradient", "update"):
                 row["cosine"] = cosine(a, b)
                 row["modules"] = _modules(cand[name], ref[name])

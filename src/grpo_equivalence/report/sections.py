@@ -236,7 +236,6 @@ def study_settings(reference_stats: dict) -> dict:
             "git_commit": env.get("git_commit") or NOT_RECORDED}
 
 
-
 def trainer_section(comparisons: list[dict]) -> dict | None:
     """The trainer check's comparisons (checks.trainer_verdict), as the report's trainer section shows them: the
     candidates first, the control (the reference in the other precision) last."""
@@ -266,5 +265,6 @@ def trainer_from_dir(folder: Path) -> dict:
 
     paths = sorted(Path(folder).glob("*_vs_*.json"))
     if not paths:
-        raise FileNotFoundError(f"no trainer-check comparisons (<backend>_vs_<reference>.json) in {folder}")
+        raise FileNotFoundError(f"no trainer-check comparisons (<backend>_vs_<reference>.json) in {folder}: point "
+                                "--trainer at a study's trainer folder (RESULTS/trainer) after its workflow ran")
     return trainer_section([json.loads(p.read_text()) for p in paths])
