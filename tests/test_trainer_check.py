@@ -83,6 +83,8 @@ def test_a_batch_whose_groups_all_tie_has_no_policy_term_and_the_verdict_says_ze
     rewards = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, float("nan")], [2.0, float("nan")]])
     assert trainer._groups_with_signal(rewards, 2) == 1  # the second group's totals differ (nan: not scored)
     assert trainer._groups_with_signal(rewards[:2], 2) == 0
+    assert trainer._groups_with_signal(rewards, 2, torch.tensor([1.0, 0.0])) == 1  # weighted as TRL sums them
+    assert trainer._groups_with_signal(rewards[2:], 2, torch.tensor([0.0, 1.0])) == 0  # a zero weight: no signal
     reference = synthetic(loss=5e-6, kl_term=5e-6)  # the loss is its KL term: no advantage anywhere
     result = trainer_verdict.compare(reference, synthetic(loss=5.5e-6, kl_term=5.5e-6), with_noise(reference, 1e-3))
     assert result["first"] == "kl_term" and "its policy term zero in both" in result["said"], result["said"]
@@ -117,7 +119,7 @@ def test_a_batch_whose_groups_all_tie_is_sampled_again_from_the_next_prompts(pri
                                                                              monkeypatch):
     seen = []
 
-    def ties_first(rewards, generations):
+    def ties_first(rewards, generations, weights=None):
         seen.append(rewards.shape)
         return 0 if len(seen) == 1 else 1
 

@@ -69,9 +69,10 @@ def set_adapter(model, seed: int) -> dict:
     return params
 
 
-def _groups_with_signal(rewards, generations: int) -> int:
-    """How many groups' total rewards differ (their completions get advantages that are not zero)."""
-    totals = rewards.nansum(dim=1).reshape(-1, generations)
+def _groups_with_signal(rewards, generations: int, weights=None) -> int:
+    """How many groups' total rewards differ (their completions get advantages that are not zero): each function's
+    score times its weight, summed as TRL sums them (`reward_weights`; all 1 by default)."""
+    totals = (rewards if weights is None else rewards * weights).nansum(dim=1).reshape(-1, generations)
     return int((totals.max(dim=1).values > totals.min(dim=1).values).sum())
 
 
@@ -98,7 +99,7 @@ def sample_batch(config: dict, backend_name: str, *, model_path: str, dataset: d
             prompt_ids, completion_ids, completions = output[0], output[1], output[3]
             ids = [list(map(int, c)) for c in completion_ids]
             rewards = trainer._calculate_rewards(inputs, prompts, completions, ids)
-            signal = _groups_with_signal(rewards.float().cpu(), generations)
+            signal = _groups_with_signal(rewards.float().cpu(), generations, getattr(trainer, "reward_weights", None))
             if signal:
                 break
             log(f"[{backend_name}] prompts {first}..{first + count - 1}: every group's rewards tie (no advantage); "
