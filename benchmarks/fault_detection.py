@@ -5,12 +5,14 @@ as candidates judged together (Holm over their tests) the reference at another s
 reference with each sampling fault (grpo_equivalence.training.faults.SAMPLING), each at a seed of its own. The
 sampling is the tiny study's (temperature 1.0, min_p 0.05) or, with --sampling study, config.yaml's (temperature
 0.1, min_p 0.5); --dtype bfloat16 --gpu samples and scores in bfloat16 on the GPU. Each check samples rounds to
-its plan (grpo_equivalence.checks.power), at most --max-rounds. Prints, per candidate, the share of repetitions
-called divergent, equivalent and inconclusive, and the power the reference's check stated for each fault; writes
-them as JSON.
+its plan (grpo_equivalence.checks.power), at most --max-rounds. Each of the --jobs workers builds the backend's
+trainer (and a vLLM backend's engine) once and runs its checks through it, each from its own seed, a fault put
+into the sampler for its check alone (rollout.check_on; --no-share-sessions: a trainer per check). Prints, per
+candidate, the share of repetitions called divergent, equivalent and inconclusive, and the power the reference's
+check stated for each fault; writes them as JSON.
 
     python benchmarks/fault_detection.py [--reps 20] [--jobs 2] [--backend hf] [--sampling tiny|study]
-        [--dtype float32|bfloat16] [--gpu] [--max-rounds 1] [--per-call N] [--out fault_detection.json]
+        [--dtype float32|bfloat16] [--gpu] [--max-rounds 1] [--per-call N] [--vllm-share F] [--out OUT.json]
 
 It builds the tiny study's primed model and data first if results/tiny/ lacks them (snakemake).
 """
@@ -36,8 +38,9 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 
 
 def study(sampling: str = "tiny", dtype: str = "float32", gpu: bool = False, max_rounds: int = 1,
-          margin: float | None = None, per_call: int | None = None) -> dict:
-    """The tiny study, with config.yaml's sampling settings where `sampling` is "study"."""
+          margin: float | None = None, per_call: int | None = None, vllm_share: float | None = None) -> dict:
+    """The tiny study, with config.yaml's sampling settings where `sampling` is "study"; `vllm_share`: the GPU
+    memory fraction each vLLM engine reserves (several checks run at once)."""
     import yaml
 
     from grpo_equivalence.study.config import rollout_check_settings
@@ -53,22 +56,49 @@ def study(sampling: str = "tiny", dtype: str = "float32", gpu: bool = False, max
     if per_call is not None:  # how many prompts one generation call takes: speed only, the sampling is the same
         check["prompts_per_call"] = per_call
     config["rollout_check"] = rollout_check_settings(check)
+    if vllm_share is not None:
+        from grpo_equivalence.training import backends
+
+        config["backend_options"] = {name: {"gpu_memory_utilization": vllm_share} for name in backends.names()
+                                     if "gpu_memory_utilization" in backends.get(name).options}
     return config
 
 
+# Per worker process, where checks share sessions: the open session of each base backend, and what closes it
+_SESSIONS: dict = {}
+
+
 def _check(job: tuple) -> dict:
-    """One rollout check in a process of its own (one thread): its file's content."""
+    """One rollout check in a worker process (one thread): its file's content. With shared sessions the worker
+    builds its backend's trainer (and a vLLM backend's engine) once and checks every seed and sampling fault
+    through it (rollout.check_on); otherwise each check builds its own, as the workflow's jobs do."""
     backend, seed, out, settings, candidates = job
     import torch
 
     torch.set_num_threads(1)
     from grpo_equivalence.checks import rollout
+    from grpo_equivalence.training import faults
 
-    config = study(**settings)
+    shared = settings.get("shared", False)
+    config = study(**{k: v for k, v in settings.items() if k != "shared"})
     config["backends"] = [config["reference"]] * candidates  # the report's family: planned at its size
     dataset = {"path": "json", "data_files": str(DATA), "name": None}
-    return rollout.check(config, backend, model_path=str(MODEL), dataset=dataset, out=Path(out), seed=seed,
-                         log=lambda message: None)
+    quiet = lambda message: None  # noqa: E731
+    if not shared:
+        return rollout.check(config, backend, model_path=str(MODEL), dataset=dataset, out=Path(out), seed=seed,
+                             log=quiet)
+    base = faults.split(backend)[0]
+    if base not in _SESSIONS:
+        import atexit
+        import contextlib
+
+        from grpo_equivalence.training.session import session
+
+        stack = contextlib.ExitStack()
+        _SESSIONS[base] = stack.enter_context(session(config, base, 1, model_path=str(MODEL), dataset=dataset,
+                                                      seed=seed, log=quiet))
+        atexit.register(stack.close)
+    return rollout.check_on(_SESSIONS[base], config, backend, out=Path(out), seed=seed, log=quiet)
 
 
 def build_tiny(jobs: int) -> None:
@@ -96,8 +126,18 @@ def arguments(description: str, reps: int, out: str) -> argparse.ArgumentParser:
                         "are dropped and the whole repetitions finished are judged")
     parser.add_argument("--margin", type=float, default=None, help="the score test's temperature margin (default: "
                         "the study's)")
+    return parser
+
+
+def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of the rollout check's benchmark alone."""
     parser.add_argument("--per-call", type=int, default=None, help="prompts per generation call (default: the "
                         "study's 50; on a GPU a round's 400 prompts in one call is several times faster)")
+    parser.add_argument("--share-sessions", action=argparse.BooleanOptionalAction, default=True,
+                        help="each worker builds its backend's trainer (and vLLM engine) once and checks every seed "
+                        "and sampling fault through it (default); --no-share-sessions builds one per check")
+    parser.add_argument("--vllm-share", type=float, default=None, help="the GPU memory fraction each vLLM engine "
+                        "reserves (default: the backend's; JOBS engines run at once)")
     return parser
 
 
@@ -117,19 +157,24 @@ def print_table(columns: tuple, what: str, names, counts: dict, divergent_by: di
 def prepare(args) -> None:
     """Offline, and the tiny study's model and data built."""
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if args.gpu:  # vLLM engines started at once are told their KV cache's size rather than measure the device
+        from grpo_equivalence.runtime import quietlock
+
+        os.environ[quietlock.SIZED_ENV] = "1"
     build_tiny(args.jobs)
 
 
 def main() -> None:
-    args = arguments(__doc__.splitlines()[0], 20, "fault_detection.json").parse_args()
+    args = rollout_arguments(arguments(__doc__.splitlines()[0], 20, "fault_detection.json")).parse_args()
     prepare(args)
     from grpo_equivalence.analysis import verdict
     from grpo_equivalence.checks import power, rollout_verdict
     from grpo_equivalence.training import faults
 
     settings = {"sampling": args.sampling, "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds,
-                "margin": args.margin, "per_call": args.per_call}
+                "margin": args.margin, "per_call": args.per_call, "vllm_share": args.vllm_share}
     config = study(**settings)
+    settings["shared"] = args.share_sessions
     scratch = ROOT / "results/benchmarks/fault_detection" / f"{args.backend}-{args.sampling}-{args.dtype}"
     candidates = ["control", *faults.SAMPLING]
     jobs = []
@@ -174,7 +219,9 @@ def main() -> None:
     Path(args.out).write_text(json.dumps({
         "reps": args.reps, "backend": args.backend, "sampling": {k: config["grpo"][k] for k in SAMPLING_KEYS},
         "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds, "temperature_margin":
-        check["temperature_margin"], "prompts_per_call": check["prompts_per_call"], "tokens_per_check": tokens,
+        check["temperature_margin"], "prompts_per_call": check["prompts_per_call"],
+        "shared_sessions": args.share_sessions,
+        "tokens_per_check": tokens,
         "rounds_per_check": rounds, "counts": counts,
         "divergent_by_test": by_test, "stated": summary, "environment": files[0]["environment"]}, indent=1) + "\n")
 

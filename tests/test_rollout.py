@@ -135,6 +135,22 @@ def test_an_unknown_fault_is_refused_with_the_list():
     assert backends.get("hf+no_min_p").name == "hf+no_min_p" and backends.get("hf+no_min_p").stack == "TRL + PEFT"
 
 
+def test_a_sampling_fault_put_into_a_shared_trainer_goes_out_with_its_block():
+    """On what a vLLM backend's trainer holds (TRL's VLLMGeneration; stand-ins here: vLLM needs a GPU): the fault's
+    setting changes within the block and comes back after it, an error included; a trainer-side fault is refused."""
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(vllm_generation=SimpleNamespace(temperature=0.1, top_k=5, min_p=0.5))
+    with faults.sampling_fault(trainer, "temperature_up") as changed:
+        assert trainer.vllm_generation.temperature == pytest.approx(0.11) and changed == ["vllm_generation.temperature"]
+    with pytest.raises(RuntimeError, match="inside"), faults.sampling_fault(trainer, "no_top_k"):
+        assert trainer.vllm_generation.top_k == -1
+        raise RuntimeError("inside")
+    assert vars(trainer.vllm_generation) == {"temperature": 0.1, "top_k": 5, "min_p": 0.5}
+    with pytest.raises(ValueError, match="only the sampling faults"), faults.sampling_fault(trainer, "no_kl"):
+        pass
+
+
 HOT = (18, 19, 20)  # seeds of the native decoder run hot (temperature_up)
 
 
@@ -258,3 +274,30 @@ def test_a_large_vocabulary_is_scored_on_its_largest_logits_as_on_the_whole(sett
 
     assert same(narrowed, whole)
     assert any(narrowed["outside"]) and not all(narrowed["outside"]) and any(narrowed["decided"])
+
+
+@pytest.mark.workflow
+def test_checks_sharing_a_session_sample_as_checks_of_their_own(primed, tiny_study, tmp_path):
+    """The fault benchmark checks many seeds and sampling faults through one trainer per worker (a vLLM backend's
+    engine takes longer to start than a check): each check through the shared session draws what a session of its
+    own draws at its seed, and the fault it puts in goes out with it."""
+    import copy
+
+    from grpo_equivalence.study.config import rollout_check_settings
+    from grpo_equivalence.training.session import session
+
+    config = copy.deepcopy(tiny_study)
+    config["rollout_check"] = rollout_check_settings({**tiny_study["rollout_check"], "prompts": 24, "max_rounds": 1})
+    common = {"model_path": primed["model"], "dataset": primed["dataset"], "log": lambda message: None}
+    own = rollout.check(config, "hf+no_min_p", out=tmp_path / "own.json", seed=15, **common)
+    with session(config, "hf", 1, seed=99, **common) as built:
+        first = rollout.check_on(built, config, "hf", out=tmp_path / "first.json", seed=11, log=common["log"])
+        faulty = rollout.check_on(built, config, "hf+no_min_p", out=tmp_path / "faulty.json", seed=15,
+                                  log=common["log"])
+        assert built.trainer.generation_config.min_p == config["grpo"]["min_p"]  # taken out again
+        again = rollout.check_on(built, config, "hf", out=tmp_path / "again.json", seed=11, log=common["log"])
+        with pytest.raises(ValueError, match="built for hf cannot check native"):
+            rollout.check_on(built, config, "native", out=tmp_path / "native.json", seed=11, log=common["log"])
+    assert faulty["completions"] == own["completions"] and faulty["fault"] == "no_min_p"
+    assert "generation.min_p" in faulty["rollout_settings"] and "generation.min_p" not in again["rollout_settings"]
+    assert again["completions"] == first["completions"] != faulty["completions"]

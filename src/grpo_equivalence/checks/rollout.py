@@ -67,65 +67,88 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
     round, and stops once the tokens reach the plan (power.plan) or the study's cap; writes the scored file."""
     from ..training.session import session
 
-    check_settings = rollout_check_settings(config.get("rollout_check"))
     seed = config["grpo"]["seed"] if seed is None else seed
-    alpha, family = config.get("verdict", {}).get("alpha", 0.05), family_size(config)
     began = time.perf_counter()
     with session(config, backend_name, 1, model_path=model_path, dataset=dataset, seed=seed, log=log) as built:
-        trainer = built.trainer
-        sampling = {key: getattr(trainer.args, key) for key in SAMPLING_KEYS}  # the trainer's, not the sampler's
-        generations = trainer.num_generations
-        # prompts per generation call: the training batch's, unless the study asks for larger calls (faster on a CPU)
-        per_call = check_settings["prompts_per_call"] or max(1, trainer.args.generation_batch_size // generations)
-        problems = trainer.train_dataset
-        count = min(check_settings["prompts"], len(problems))
-        if count < check_settings["prompts"]:
-            log(f"[{backend_name}] the data set has {count} problems: the check samples all of them")
-        rows = [problems[i] for i in range(count)]  # the same prompts, in the same order, for every backend
-        rounding = check_settings["tolerance"] or scoring.ROUNDING[config["dtype"]]
-        scorer = _Scorer(trainer, config, sampling, rounding, check_settings)
-        profile = power.empty_profile(faults.SAMPLING)
-        completions_out, sample_s, rounds = [], 0.0, 0
-        log(f"[{backend_name}] sampling rounds of {generations} completions for each of {count} prompts, {per_call} "
-            f"prompts a call: at least {check_settings['rounds']}, at most {check_settings['max_rounds']}, until the "
-            f"tokens reach the plan")
-        while True:
-            sampled = []
-            for start in range(0, count, per_call):
-                batch = rows[start:start + per_call]
-                prompts = [row["prompt"] for row in batch for _ in range(generations)]
-                t0 = time.perf_counter()
-                output = trainer._generate(prompts)
-                sample_s += time.perf_counter() - t0
-                prompt_ids, completion_ids, completions, logprobs = output[0], output[1], output[3], output[4]
-                inputs = [row for row in batch for _ in range(generations)]
-                total = _rewards(trainer, inputs, prompts, completions, [list(ids) for ids in completion_ids])
-                sampled += [{"prompt": start + i // generations, "prompt_ids": list(prompt_ids[i]),
-                             "completion_ids": list(completion_ids[i]), "reward": total[i],
-                             "sampler_logprobs": None if logprobs is None else [float(v) for v in logprobs[i]]}
-                            for i in range(len(prompts))]
-            log(f"[{backend_name}] round {rounds + 1}: scoring {sum(len(r['completion_ids']) for r in sampled)} tokens")
-            for record, sums, effects in scorer.score(sampled):
-                completions_out.append({"prompt": record["prompt"], "reward": record["reward"], **sums})
-                power.add(profile, sums, effects)
-            rounds += 1
-            planned = power.plan(profile, alpha=alpha, family=family)
-            log(f"[{backend_name}] {profile['tokens']} tokens after {rounds} round(s); the plan: " + (
-                f"{planned['tokens']} tokens" if planned["tokens"] is not None else
-                "none (no size confirms or detects all it should here: more rounds would not change that)"))
-            if rounds >= check_settings["max_rounds"] or (rounds >= check_settings["rounds"] and (
-                    planned["tokens"] is None or profile["tokens"] >= planned["tokens"])):
-                break
-        warnings = built.warned.records()
-        fault = faults.split(backend_name)[1]
-        rollout_settings = built.rollout_settings
+        return check_on(built, config, backend_name, out=out, seed=seed, log=log, began=began)
+
+
+def check_on(built, config: dict, backend_name: str, *, out: Path, seed: int, log=print,
+             began: float | None = None) -> dict:
+    """The rollout check of `backend_name` through a session built already (training.session): the backend's own,
+    or, for BACKEND+FAULT with a sampling fault, BACKEND's, the fault put into its sampler for this check alone and
+    taken out after (faults.sampling_fault), so that checks of one backend at several seeds and faults share one
+    trainer and engine. Every check starts its random streams from its own `seed`."""
+    from ..training.session import seed_samplers
+
+    began = time.perf_counter() if began is None else began
+    base, fault = faults.split(backend_name)
+    if built.backend not in (backend_name, base):
+        raise ValueError(f"a session built for {built.backend} cannot check {backend_name}: build it for {base}")
+    # its loading's warnings and its own, not those an earlier check of a shared session raised
+    earlier = set(built.warned.counts) - built.loading_warnings
+    with faults.sampling_fault(built.trainer, fault if built.backend == base else None) as changed:
+        seed_samplers(seed)
+        return _sample_and_score(built, config, backend_name, out=out, seed=seed, log=log, began=began,
+                                 changed=changed, earlier=earlier)
+
+
+def _sample_and_score(built, config: dict, backend_name: str, *, out: Path, seed: int, log, began: float,
+                      changed: list, earlier: set) -> dict:
+    check_settings = rollout_check_settings(config.get("rollout_check"))
+    alpha, family = config.get("verdict", {}).get("alpha", 0.05), family_size(config)
+    trainer = built.trainer
+    sampling = {key: getattr(trainer.args, key) for key in SAMPLING_KEYS}  # the trainer's, not the sampler's
+    generations = trainer.num_generations
+    # prompts per generation call: the training batch's, unless the study asks for larger calls (faster on a CPU)
+    per_call = check_settings["prompts_per_call"] or max(1, trainer.args.generation_batch_size // generations)
+    problems = trainer.train_dataset
+    count = min(check_settings["prompts"], len(problems))
+    if count < check_settings["prompts"]:
+        log(f"[{backend_name}] the data set has {count} problems: the check samples all of them")
+    rows = [problems[i] for i in range(count)]  # the same prompts, in the same order, for every backend
+    rounding = check_settings["tolerance"] or scoring.ROUNDING[config["dtype"]]
+    scorer = _Scorer(trainer, config, sampling, rounding, check_settings)
+    profile = power.empty_profile(faults.SAMPLING)
+    completions_out, sample_s, rounds = [], 0.0, 0
+    log(f"[{backend_name}] sampling rounds of {generations} completions for each of {count} prompts, {per_call} "
+        f"prompts a call: at least {check_settings['rounds']}, at most {check_settings['max_rounds']}, until the "
+        f"tokens reach the plan")
+    while True:
+        sampled = []
+        for start in range(0, count, per_call):
+            batch = rows[start:start + per_call]
+            prompts = [row["prompt"] for row in batch for _ in range(generations)]
+            t0 = time.perf_counter()
+            output = trainer._generate(prompts)
+            sample_s += time.perf_counter() - t0
+            prompt_ids, completion_ids, completions, logprobs = output[0], output[1], output[3], output[4]
+            inputs = [row for row in batch for _ in range(generations)]
+            total = _rewards(trainer, inputs, prompts, completions, [list(ids) for ids in completion_ids])
+            sampled += [{"prompt": start + i // generations, "prompt_ids": list(prompt_ids[i]),
+                         "completion_ids": list(completion_ids[i]), "reward": total[i],
+                         "sampler_logprobs": None if logprobs is None else [float(v) for v in logprobs[i]]}
+                        for i in range(len(prompts))]
+        log(f"[{backend_name}] round {rounds + 1}: scoring {sum(len(r['completion_ids']) for r in sampled)} tokens")
+        for record, sums, effects in scorer.score(sampled):
+            completions_out.append({"prompt": record["prompt"], "reward": record["reward"], **sums})
+            power.add(profile, sums, effects)
+        rounds += 1
+        planned = power.plan(profile, alpha=alpha, family=family)
+        log(f"[{backend_name}] {profile['tokens']} tokens after {rounds} round(s); the plan: " + (
+            f"{planned['tokens']} tokens" if planned["tokens"] is not None else
+            "none (no size confirms or detects all it should here: more rounds would not change that)"))
+        if rounds >= check_settings["max_rounds"] or (rounds >= check_settings["rounds"] and (
+                planned["tokens"] is None or profile["tokens"] >= planned["tokens"])):
+            break
+    warnings = [w for w in built.warned.records() if (w["source"], w["message"]) not in earlier]
     result = {
         "schema_version": SCHEMA_VERSION,
         "backend": backend_name,
         "seed": seed,
         "model": config["model"],
         "dataset": config["dataset"]["path"],
-        "fault": fault,
+        "fault": faults.split(backend_name)[1],
         "sampling": sampling,
         "dtype": config["dtype"],
         "tolerance": rounding,
@@ -137,7 +160,7 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ou
         "max_rounds": check_settings["max_rounds"],
         "profile": profile,
         "plan": planned,
-        "rollout_settings": rollout_settings,
+        "rollout_settings": built.rollout_settings + [c for c in changed if c not in built.rollout_settings],
         "sample_s": sample_s,
         "wall_s": time.perf_counter() - began,
         "completions": completions_out,

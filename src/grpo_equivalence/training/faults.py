@@ -6,6 +6,8 @@ only what the sampler sees (TRL's GenerationConfig for transformers' paths, its 
 vLLM's), never the settings the trainer scores and trains with, which is what a buggy rollout engine does.
 """
 
+import contextlib
+
 SEPARATOR = "+"
 # Each fault and what it does
 FAULTS = {
@@ -22,6 +24,9 @@ TEMPERATURE_FACTOR = {"temperature_up": 1.1, "temperature_down": 0.9}
 # The faults that change what the sampler draws from the same logits, as the settings a faulty sampler uses: the
 # rollout check computes from them what it can detect (grpo_equivalence.checks.power)
 SAMPLING = ("temperature_up", "temperature_down", "no_min_p", "no_top_k")
+# The sampler setting each sampling fault changes
+SAMPLER_KEY = {"temperature_up": "temperature", "temperature_down": "temperature", "no_min_p": "min_p",
+               "no_top_k": "top_k"}
 # beta this small drops the KL term from the loss while TRL still computes and logs the KL (it skips both at 0)
 NEGLIGIBLE_BETA = 1e-12
 
@@ -69,6 +74,33 @@ def _set_sampler(trainer, **values) -> list[str]:
         raise RuntimeError("cannot inject a sampling fault: the trainer has neither a generation_config nor a "
                            "vllm_generation (a TRL version this project does not know); use trl 1.15 or 1.16")
     return changed
+
+
+@contextlib.contextmanager
+def sampling_fault(trainer, fault: str | None):
+    """`fault` (a sampling fault, or None for none) in a built trainer's sampler for the block, and the sampler's
+    own settings back after it: several rollout checks then share one trainer, and a vLLM backend one engine
+    (whose start takes longer than the check). Yields what it changed."""
+    if fault is None:
+        yield []
+        return
+    if fault not in SAMPLING:
+        raise ValueError(f"{fault!r} cannot be put into a shared trainer and taken out again; only the sampling "
+                         f"faults can ({', '.join(SAMPLING)}): check a backend with it in a session of its own")
+    key = SAMPLER_KEY[fault]
+    holders = [h for h in (getattr(trainer, "vllm_generation", None), getattr(trainer, "generation_config", None))
+               if h is not None]
+    own = [(holder, getattr(holder, key)) for holder in holders]
+    kwargs = getattr(trainer, "generation_kwargs", None)
+    own_kwargs = dict(kwargs) if isinstance(kwargs, dict) else None
+    try:
+        yield inject(trainer, fault)
+    finally:
+        for holder, value in own:
+            setattr(holder, key, value)
+        if own_kwargs is not None:
+            kwargs.clear()
+            kwargs.update(own_kwargs)
 
 
 def _trainable(trainer) -> list:

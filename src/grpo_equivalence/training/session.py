@@ -92,9 +92,11 @@ def use_chat_template(tokenizer, template: str | None) -> None:
 class Session:
     """A GRPOTrainer built for one backend as a train job builds it, with what the run records of its making."""
     trainer: object
+    backend: str  # the name it was built for (BACKEND or BACKEND+FAULT)
     warned: WarningLog
     rollout_settings: list  # GRPOConfig keys and generation.<key> settings that select the backend's rollout
     startup_began: float
+    loading_warnings: frozenset = frozenset()  # the warnings' keys (WarningLog.counts) when it was built
 
 
 @contextlib.contextmanager
@@ -155,6 +157,7 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
             prepared = backend.prepare_trainer(trainer, spec)
             loading.close()  # loaded: the GPU may see others start again
             seed_samplers(grpo["seed"])
-            yield Session(trainer=trainer, warned=warned,
-                          rollout_settings=sorted(overrides) + sorted(prepared), startup_began=startup_began)
+            yield Session(trainer=trainer, backend=backend_name, warned=warned,
+                          rollout_settings=sorted(overrides) + sorted(prepared), startup_began=startup_began,
+                          loading_warnings=frozenset(warned.counts))
 
