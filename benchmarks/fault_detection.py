@@ -38,7 +38,8 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 
 
 def study(sampling: str = "tiny", dtype: str = "float32", gpu: bool = False, max_rounds: int = 1,
-          margin: float | None = None, per_call: int | None = None, vllm_share: float | None = None) -> dict:
+          margin: float | None = None, per_call: int | None = None, vllm_share: float | None = None,
+          order: str | None = None) -> dict:
     """The tiny study, with config.yaml's sampling settings where `sampling` is "study"; `vllm_share`: the GPU
     memory fraction each vLLM engine reserves (several checks run at once)."""
     import yaml
@@ -53,6 +54,8 @@ def study(sampling: str = "tiny", dtype: str = "float32", gpu: bool = False, max
     check = {**config.get("rollout_check", {}), "max_rounds": max_rounds}
     if margin is not None:
         check["temperature_margin"] = margin
+    if order is not None:  # the filters' order the scorer applies: vLLM's for a backend that samples with vLLM
+        check["order"] = order
     if per_call is not None:  # how many prompts one generation call takes: speed only, the sampling is the same
         check["prompts_per_call"] = per_call
     config["rollout_check"] = rollout_check_settings(check)
@@ -136,6 +139,9 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--share-sessions", action=argparse.BooleanOptionalAction, default=True,
                         help="each worker builds its backend's trainer (and vLLM engine) once and checks every seed "
                         "and sampling fault through it (default); --no-share-sessions builds one per check")
+    parser.add_argument("--order", choices=("transformers", "vllm"), default=None, help="the order of the filters "
+                        "the check scores with (rollout_check.order; default the study's, transformers'): vllm for a "
+                        "backend that samples with vLLM")
     parser.add_argument("--vllm-share", type=float, default=None, help="the GPU memory fraction each vLLM engine "
                         "reserves (default: the backend's; JOBS engines run at once)")
     return parser
@@ -172,7 +178,8 @@ def main() -> None:
     from grpo_equivalence.training import faults
 
     settings = {"sampling": args.sampling, "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds,
-                "margin": args.margin, "per_call": args.per_call, "vllm_share": args.vllm_share}
+                "margin": args.margin, "per_call": args.per_call, "vllm_share": args.vllm_share,
+                "order": args.order}
     config = study(**settings)
     settings["shared"] = args.share_sessions
     scratch = ROOT / "results/benchmarks/fault_detection" / f"{args.backend}-{args.sampling}-{args.dtype}"
@@ -201,7 +208,8 @@ def main() -> None:
                                                margin_sd=check["margin"]) for other in others]
         rollout_verdict.finalize(comparisons, alpha)
         tokens = sum(c["tokens"] for c in reference["completions"])
-        for row in power.statements(reference["profile"], tokens, alpha=alpha, family=comparisons[0]["family_size"]):
+        for row in power.statements(reference["profile"], tokens, alpha=alpha, family=comparisons[0]["family_size"],
+                                    paired=power.paired_rates(reference["completions"], check["margin"])):
             stated[row["fault"] or "control"].append(row)
         for name, comparison in zip(candidates, comparisons, strict=True):
             counts[name][comparison["verdict"]] += 1
@@ -219,7 +227,7 @@ def main() -> None:
     Path(args.out).write_text(json.dumps({
         "reps": args.reps, "backend": args.backend, "sampling": {k: config["grpo"][k] for k in SAMPLING_KEYS},
         "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds, "temperature_margin":
-        check["temperature_margin"], "prompts_per_call": check["prompts_per_call"],
+        check["temperature_margin"], "order": check["order"], "prompts_per_call": check["prompts_per_call"],
         "shared_sessions": args.share_sessions,
         "tokens_per_check": tokens,
         "rounds_per_check": rounds, "counts": counts,

@@ -8,7 +8,9 @@
 # rounds), BACKEND (hf), REPS (20), JOBS (16),
 # MAX_ROUNDS (4), MARGIN (the score test's temperature margin, 0.1: the schema's default), DEADLINE (seconds after which a row drops the checks still running and judges the whole repetitions done; 0: none), ROW_TIMEOUT (seconds a row may take, default 900), PER_CALL (prompts per generation call; default the study's 50),
 # FIRST_SEED (the first repetition's reference seed, default 10000: another gives repetitions of their own),
-# VLLM_SHARE (the GPU memory fraction each vLLM engine reserves; JOBS of them run at once)
+# VLLM_SHARE (the GPU memory fraction each vLLM engine reserves; JOBS of them run at once), ORDER (the filters'
+# order the check scores with: vllm for a backend that samples with vLLM), KEEP=1 (each row's check files, as
+# OUTDIR/checks-ROW.tar.gz: what the counts were made of)
 set -uo pipefail
 out=${1:-results/gpu-faults}
 mkdir -p "$out"
@@ -20,8 +22,11 @@ for row in ${ROWS:-tiny:float32 tiny:bfloat16 study:float32 study:bfloat16}; do
   name="rollout-$backend-$sampling-$dtype"
   timeout "${ROW_TIMEOUT:-900}" python3 benchmarks/fault_detection.py --gpu --reps "${REPS:-20}" --jobs "${JOBS:-16}" \
     --backend "$backend" --sampling "$sampling" --dtype "$dtype" --max-rounds "${rounds:-${MAX_ROUNDS:-4}}" --margin "${MARGIN:-0.1}" --deadline "${DEADLINE:-0}" \
-    ${PER_CALL:+--per-call "$PER_CALL"} ${VLLM_SHARE:+--vllm-share "$VLLM_SHARE"} ${FIRST_SEED:+--first-seed "$FIRST_SEED"} \
+    ${PER_CALL:+--per-call "$PER_CALL"} ${VLLM_SHARE:+--vllm-share "$VLLM_SHARE"} ${ORDER:+--order "$ORDER"} ${FIRST_SEED:+--first-seed "$FIRST_SEED"} \
     --out "$out/$name.json" 2>&1 | grep -v -e "Loading weights" -e "Warning" -e "warn" > "$out/$name.log"
   tail -12 "$out/$name.log"
+  if [ "${KEEP:-0}" = 1 ]; then
+    tar -czf "$out/checks-$backend-$sampling-$dtype.tar.gz" -C results/benchmarks/fault_detection "$backend-$sampling-$dtype"
+  fi
 done
 bash benchmarks/versions.sh "$out/versions.txt"
