@@ -163,7 +163,8 @@ def stated_powers(reference: dict) -> dict:
     from grpo_equivalence.checks import power
 
     tokens = sum(c["tokens"] for c in reference["completions"])
-    return {row["fault"]: row for row in power.statements(reference["profile"], tokens, alpha=0.05, family=FAMILY)}
+    return {row["fault"]: row for row in power.statements(reference["profile"], tokens, alpha=0.05, family=FAMILY,
+                                                          paired=power.paired_rates(reference["completions"], 0.1))}
 
 
 def near_certain(stated: dict) -> list[str]:

@@ -10,8 +10,10 @@ these give, for a candidate and a reference of N tokens each:
 - the support test's power: the chance that the fault's clearly-outside count, Poisson at N x its rate, reaches
   the count the one-sided binomial test needs against the reference's;
 - together, the chance that one of them calls it divergent (they look at different tokens: taken as independent);
-- the chance that a correct sampler is confirmed equivalent on the score test (TOST between the margin's hotter
-  and colder samplers, each side at the variance its sampler would have).
+- the chance that a correct sampler is confirmed equivalent: on the score test (TOST between the margin's hotter
+  and colder samplers, each side at the variance its sampler would have) and on the two paired tests
+  (completion_length, reward: TOST within their margin, the per-prompt difference's variance estimated from the
+  spread of the check's own completions within each prompt), all three at once (taken as independent).
 
 A fault whose total variation from q is below NO_EFFECT per token cannot change what is sampled at these settings
 ("top_k never binds here"); one that changes the distribution only where the rounding decides (no decided
@@ -19,16 +21,21 @@ position moves, no token it draws is clearly outside) cannot be told from roundi
 named as such, never counted as misses.
 
 The plan: the tokens that detect every detectable fault and confirm a correct sampler, each with TARGET power.
+TARGET is 90 %, not 80 %: a fault planned at 80 % is caught in 16 or more of 20 repetitions only 63 % of the time.
 A rollout-check job samples rounds until its tokens reach the plan re-estimated from all rounds so far, or the
 study's cap (rollout_check.max_rounds). The plan depends on the scorer's variances and the faults' shifts, never
-on the score's value: stopping on that information leaves the one final look at its level (tests/test_power.py
+on the score's value nor on any difference between backends (the paired tests' variances are the check's own,
+within prompts): stopping on that information leaves the one final look at its level (tests/test_power.py
 measures the false alarms of this design on synthetic samplers).
 """
 
 import math
+import statistics
 from statistics import NormalDist
 
-TARGET = 0.8  # the power the plan aims for, for each detectable fault and for confirming a correct sampler
+from .rollout_verdict import PAIRED_FIELDS
+
+TARGET = 0.9  # the power the plan aims for, for each detectable fault and for confirming a correct sampler
 NO_EFFECT = 1e-6  # total variation per token below which a fault changes nothing at these settings
 DETECTABLE, NO_CHANGE, ROUNDING_ONLY = "detectable", "no effect", "only where rounding decides"
 _MOST = 10 ** 12  # tokens beyond which the plan says "not reachable"
@@ -109,8 +116,50 @@ def detection_power(rates: dict, fault: str, tokens: int, level: float) -> float
     return 1 - (1 - score) * (1 - support)
 
 
-def equivalence_power(rates: dict, tokens: int, alpha: float) -> float:
-    """The chance that a correct sampler is confirmed equivalent on the score test with `tokens` from each side."""
+def paired_rates(completions: list[dict], margin_sd: float) -> dict:
+    """Per paired test, what its chance to confirm two alike samplers depends on, from one check's own completions
+    (their spread, never a difference from another backend's): the mean variance of a completion's value within a
+    prompt, the margin (`margin_sd` standard deviations of a completion's value, as rollout_verdict.paired_test
+    sets it) and the tokens sampled per completion with a value. A test whose completions all have one value is
+    left out (the verdict leaves it out: "no variation")."""
+    tokens = sum(c["tokens"] for c in completions)
+    rates = {}
+    for key, field in PAIRED_FIELDS.items():
+        by_prompt: dict[int, list] = {}
+        for c in completions:
+            if math.isfinite(c[field]):
+                by_prompt.setdefault(c["prompt"], []).append(c[field])
+        values = [v for vs in by_prompt.values() for v in vs]
+        within = [statistics.variance(vs) for vs in by_prompt.values() if len(vs) > 1]
+        if len(values) < 2 or not within or statistics.pstdev(values) == 0:
+            continue
+        rates[key] = {"within": statistics.fmean(within), "margin": margin_sd * statistics.stdev(values),
+                      "tokens_per_completion": tokens / len(values)}
+    return rates
+
+
+def paired_power(rate: dict, tokens: int, alpha: float) -> float:
+    """The chance that a paired test confirms two alike samplers with `tokens` from each side: TOST of the mean
+    per-prompt difference, whose variance is twice the within-prompt variance over the completions of a side."""
+    completions = tokens / rate["tokens_per_completion"]
+    if completions <= 0:
+        return 0.0
+    se = math.sqrt(2 * rate["within"] / completions)
+    if se == 0:
+        return 1.0
+    return max(0.0, 2 * NORMAL.cdf(rate["margin"] / se - NORMAL.inv_cdf(1 - alpha)) - 1)
+
+
+def equivalence_power(rates: dict, tokens: int, alpha: float, paired: dict | None = None) -> float:
+    """The chance that a correct sampler is confirmed equivalent with `tokens` from each side: on the score test,
+    and on each paired test of `paired` (paired_rates), all at once."""
+    both = 1.0
+    for rate in (paired or {}).values():
+        both *= paired_power(rate, tokens, alpha)
+    return _score_equivalence_power(rates, tokens, alpha) * both
+
+
+def _score_equivalence_power(rates: dict, tokens: int, alpha: float) -> float:
     positions = tokens * rates["scored_share"]
     (hot, hot_var), (cold, cold_var) = rates["hot"], rates["cold"]
     if positions <= 0 or rates["null_variance"] <= 0 or hot >= 0 or cold <= 0:
@@ -145,9 +194,10 @@ def kind(rates: dict, fault: str) -> str:
     return DETECTABLE
 
 
-def plan(profile: dict, *, alpha: float, family: int) -> dict:
+def plan(profile: dict, *, alpha: float, family: int, paired: dict | None = None) -> dict:
     """Per named fault its kind, the tokens it needs for TARGET power, and the tokens a correct sampler needs to be
-    confirmed equivalent; `tokens`: the most of these (None where one is not reachable)."""
+    confirmed equivalent (on the paired tests of `paired` too: paired_rates); `tokens`: the most of these (None
+    where one is not reachable)."""
     rates = per_token(profile)
     level = alpha / max(family, 1)
     faults_ = {}
@@ -155,21 +205,23 @@ def plan(profile: dict, *, alpha: float, family: int) -> dict:
         found = kind(rates, fault)
         need = _needed(lambda n, f=fault: detection_power(rates, f, n, level)) if found == DETECTABLE else None
         faults_[fault] = {"kind": found, "tokens_needed": need, "changed_per_token": rates["effects"][fault]["changed"]}
-    confirm = _needed(lambda n: equivalence_power(rates, n, alpha))
+    confirm = _needed(lambda n: equivalence_power(rates, n, alpha, paired))
     needs = [f["tokens_needed"] for f in faults_.values() if f["kind"] == DETECTABLE] + [confirm]
     return {"faults": faults_, "confirm_tokens": confirm, "level": level,
             "tokens": None if None in needs else max(needs, default=0)}
 
 
-def statements(profile: dict, tokens: int, *, alpha: float, family: int) -> list[dict]:
+def statements(profile: dict, tokens: int, *, alpha: float, family: int, paired: dict | None = None) -> list[dict]:
     """Per named fault, what the check detects at `tokens` a side: its kind, power and the tokens for TARGET power;
-    and a correct sampler's chance to be confirmed equivalent."""
+    and a correct sampler's chance to be confirmed equivalent (on the paired tests of `paired` too)."""
     rates = per_token(profile)
-    planned = plan(profile, alpha=alpha, family=family)
+    planned = plan(profile, alpha=alpha, family=family, paired=paired)
     rows = []
     for fault, found in planned["faults"].items():
         power = detection_power(rates, fault, tokens, planned["level"]) if found["kind"] == DETECTABLE else None
         rows.append({"fault": fault, **found, "power": power})
     rows.append({"fault": None, "kind": "confirm equivalence", "tokens_needed": planned["confirm_tokens"],
-                 "power": equivalence_power(rates, tokens, alpha), "changed_per_token": 0.0})
+                 "power": equivalence_power(rates, tokens, alpha, paired), "changed_per_token": 0.0,
+                 "score_power": _score_equivalence_power(rates, tokens, alpha),
+                 "paired_power": {key: paired_power(rate, tokens, alpha) for key, rate in (paired or {}).items()}})
     return rows

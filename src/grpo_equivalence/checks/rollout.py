@@ -134,7 +134,8 @@ def _sample_and_score(built, config: dict, backend_name: str, *, out: Path, seed
             completions_out.append({"prompt": record["prompt"], "reward": record["reward"], **sums})
             power.add(profile, sums, effects)
         rounds += 1
-        planned = power.plan(profile, alpha=alpha, family=family)
+        planned = power.plan(profile, alpha=alpha, family=family,
+                             paired=power.paired_rates(completions_out, check_settings["margin"]))
         log(f"[{backend_name}] {profile['tokens']} tokens after {rounds} round(s); the plan: " + (
             f"{planned['tokens']} tokens" if planned["tokens"] is not None else
             "none (no size confirms or detects all it should here: more rounds would not change that)"))

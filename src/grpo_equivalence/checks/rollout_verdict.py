@@ -69,13 +69,13 @@ def totals(run: dict) -> dict:
         "completions": len(completions),
         # a reward of NaN: no reward function scored the completion (TRL's "unscorable"), left out as training does
         "unscorable": sum(not math.isfinite(c["reward"]) for c in completions),
-        "values": {key: [v for c in completions if math.isfinite(v := c[_FIELD[key]])] for key in _FIELD},
+        "values": {key: [v for c in completions if math.isfinite(v := c[PAIRED_FIELDS[key]])] for key in PAIRED_FIELDS},
         "by_prompt": {key: {p: statistics.fmean(values) for p, cs in per_prompt.items()
-                            if (values := [v for c in cs if math.isfinite(v := c[_FIELD[key]])])} for key in _FIELD},
+                            if (values := [v for c in cs if math.isfinite(v := c[PAIRED_FIELDS[key]])])} for key in PAIRED_FIELDS},
     }
 
 
-_FIELD = {"completion_length": "tokens", "reward": "reward"}  # each paired test's value in a completion's record
+PAIRED_FIELDS = {"completion_length": "tokens", "reward": "reward"}  # each paired test's value in a completion's record
 
 
 def support_test(ref: dict, cand: dict, *, alpha: float, margin: float) -> dict:

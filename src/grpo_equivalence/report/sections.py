@@ -191,8 +191,9 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
         comparison["label"] = f"{reference} (seed {other['seed']})" if comparison["control"] else other["backend"]
     rollout_verdict.finalize(comparisons, alpha)
     tokens = sum(x["tokens"] for x in base["completions"])
-    return {"power": power.statements(base["profile"], tokens, alpha=alpha, family=comparisons[0]["family_size"]),
-            "power_tokens": tokens, "rounds": base["rounds"], "max_rounds": base["max_rounds"], "dtype": base["dtype"],
+    return {"power": power.statements(base["profile"], tokens, alpha=alpha, family=comparisons[0]["family_size"],
+                                      paired=power.paired_rates(base["completions"], settings["margin"])),
+            "power_tokens": tokens, "power_target": power.TARGET, "rounds": base["rounds"], "max_rounds": base["max_rounds"], "dtype": base["dtype"],
             "faults": faults.FAULTS, "reference": reference, "reference_seed": base["seed"], "comparisons": comparisons,
             "tests": rollout_verdict.TESTS, "settings": settings, "sampling": base["sampling"],
             "prompts": base["prompts"], "generations": base["generations"], "tolerance": base["tolerance"],
