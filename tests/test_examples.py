@@ -146,6 +146,52 @@ def test_the_4b_rollout_check_rerun_at_its_plan_finds_native_drawing_outside_the
     assert kinds["no_min_p"] == power.DETECTABLE
 
 
+def _fault_row(result: dict) -> tuple[list[str], str]:
+    """A fault benchmark's JSON as docs/rollout-check.md's tables print it: the five cells and the rounds (tokens)."""
+    from grpo_equivalence.checks import power
+
+    reps = result["reps"]
+
+    def cell(name):
+        counts = result["counts"][name]
+        shares = f"{100 * counts['divergent'] / reps:.0f} / {100 * counts['equivalent'] / reps:.0f} %"
+        kinds = result["stated"][name]["kinds"]
+        return shares if name == "control" or kinds == [power.DETECTABLE] else f"{kinds[0]} ({shares})"
+
+    return ([cell(name) for name in ("control", "temperature_up", "temperature_down", "no_min_p", "no_top_k")],
+            round(result["tokens_per_check"], -2))
+
+
+def test_the_rollout_checks_table_on_the_model_of_256_rows_is_its_h200_files():
+    """The second table of docs/rollout-check.md, cell for cell from docs/faults/h200-vocab256/*.json, and the
+    fresh-seed rows its text quotes."""
+    import json
+
+    folder = ROOT / "docs" / "faults" / "h200-vocab256"
+    table = (ROOT / "docs" / "rollout-check.md").read_text()
+    names = {"tiny": "tiny sampling", "study": "`config.yaml`'s"}
+    rows = 0
+    for path in sorted(folder.glob("rollout-*-*-*.json")):
+        if "seeds" in path.name:
+            continue
+        result = json.loads(path.read_text())
+        backend, sampling, dtype = path.stem.split("-")[1:]
+        cells, tokens = _fault_row(result)
+        line = (f"| `{backend}`, {dtype}, {names[sampling]} | {result['reps']} | {result['rounds_per_check']:.1f} "
+                f"({tokens:,.0f}) | {' | '.join(cells)} |")
+        assert line in table, line
+        assert result["gpu"] and result["shared_sessions"] and result["counts"]["control"]["divergent"] <= 1
+        rows += 1
+    assert rows == 6
+    fresh = json.loads((folder / "rollout-hf-tiny-bfloat16-seeds30000.json").read_text())
+    cpu = json.loads((ROOT / "docs" / "faults" / "rollout-cpu-tiny-float32-plan90.json").read_text())
+    for result, reps in ((fresh, 7), (cpu, 5)):
+        assert result["reps"] == reps and result["counts"]["control"]["equivalent"] == reps
+        assert all(result["counts"][f]["divergent"] == reps for f in result["counts"] if f != "control")
+    text = " ".join(table.split())
+    assert "confirmed the control in 7 of 7 whole repetitions and caught every fault in 7 of 7" in text
+
+
 def test_the_rollout_checks_fault_table_is_its_h200_files():
     """docs/rollout-check.md's table of injected faults, cell for cell from docs/faults/h200/*.json; and the rates
     it claims: every fault the check states detectable divergent in at least 90 % of the reports, the control in
@@ -161,15 +207,8 @@ def test_the_rollout_checks_fault_table_is_its_h200_files():
     for (sampling, dtype), label in labels.items():
         result = json.loads((ROOT / "docs" / "faults" / "h200" / f"rollout-hf-{sampling}-{dtype}.json").read_text())
         reps = result["reps"]
-
-        def cell(name, result=result, reps=reps):
-            counts = result["counts"][name]
-            shares = f"{100 * counts['divergent'] / reps:.0f} / {100 * counts['equivalent'] / reps:.0f} %"
-            kinds = result["stated"][name]["kinds"]
-            return shares if name == "control" or kinds == [power.DETECTABLE] else f"{kinds[0]} ({shares})"
-
-        cells = [cell(name) for name in ("control", "temperature_up", "temperature_down", "no_min_p", "no_top_k")]
-        rounds = f"{result['rounds_per_check']:.0f} ({round(result['tokens_per_check'], -2):,.0f})"
+        cells, tokens = _fault_row(result)
+        rounds = f"{result['rounds_per_check']:.0f} ({tokens:,.0f})"
         assert f"| {label} | {reps} | {rounds} | {' | '.join(cells)} |" in table, (label, cells, rounds)
         assert result["counts"]["control"]["divergent"] <= 1 and result["gpu"] and result["temperature_margin"] == 0.1
         for name, stated in result["stated"].items():
