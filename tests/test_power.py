@@ -142,7 +142,7 @@ def _completions(prompts, per_prompt, generator):
 
 
 def _by_prompt(completions, key):
-    field = rollout_verdict.PAIRED_FIELDS[key]
+    field = power.PAIRED_FIELDS[key]
     groups = {}
     for c in completions:
         groups.setdefault(c["prompt"], []).append(c[field])

@@ -33,12 +33,13 @@ import math
 import statistics
 from statistics import NormalDist
 
-from .rollout_verdict import PAIRED_FIELDS
-
 TARGET = 0.9  # the power the plan aims for, for each detectable fault and for confirming a correct sampler
 NO_EFFECT = 1e-6  # total variation per token below which a fault changes nothing at these settings
 DETECTABLE, NO_CHANGE, ROUNDING_ONLY = "detectable", "no effect", "only where rounding decides"
 _MOST = 10 ** 12  # tokens beyond which the plan says "not reachable"
+# Each paired test of the rollout verdict and the value of a completion's record it compares. Here, not in
+# rollout_verdict, which a sampling job must not depend on (its code reruns the jobs that depend on it)
+PAIRED_FIELDS = {"completion_length": "tokens", "reward": "reward"}
 
 
 # The standard normal as a plain function: a plan evaluates it some hundred thousand times (each size its bisection

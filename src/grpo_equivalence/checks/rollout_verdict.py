@@ -38,6 +38,7 @@ import statistics
 from ..analysis.sequential import holm
 from ..analysis.stats import StatsError
 from ..analysis.verdict import DIVERGENT, EQUIVALENT, INCONCLUSIVE
+from .power import PAIRED_FIELDS
 
 TESTS = ("support", "score", "completion_length", "reward")
 NO_VARIATION = "no variation"  # a paired test where every completion of both backends had the same value
@@ -69,13 +70,14 @@ def totals(run: dict) -> dict:
         "completions": len(completions),
         # a reward of NaN: no reward function scored the completion (TRL's "unscorable"), left out as training does
         "unscorable": sum(not math.isfinite(c["reward"]) for c in completions),
-        "values": {key: [v for c in completions if math.isfinite(v := c[PAIRED_FIELDS[key]])] for key in PAIRED_FIELDS},
+        "values": {key: [v for c in completions if math.isfinite(v := c[field])]
+                   for key, field in PAIRED_FIELDS.items()},
         "by_prompt": {key: {p: statistics.fmean(values) for p, cs in per_prompt.items()
-                            if (values := [v for c in cs if math.isfinite(v := c[PAIRED_FIELDS[key]])])} for key in PAIRED_FIELDS},
+                            if (values := [v for c in cs if math.isfinite(v := c[field])])}
+                      for key, field in PAIRED_FIELDS.items()},
     }
 
 
-PAIRED_FIELDS = {"completion_length": "tokens", "reward": "reward"}  # each paired test's value in a completion's record
 
 
 def support_test(ref: dict, cand: dict, *, alpha: float, margin: float) -> dict:
