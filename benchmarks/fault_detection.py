@@ -140,8 +140,8 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         help="each worker builds its backend's trainer (and vLLM engine) once and checks every seed "
                         "and sampling fault through it (default); --no-share-sessions builds one per check")
     parser.add_argument("--order", choices=("transformers", "vllm"), default=None, help="the order of the filters "
-                        "the check scores with (rollout_check.order; default the study's, transformers'): vllm for a "
-                        "backend that samples with vLLM")
+                        "the check scores with (rollout_check.order; default the order the backend's sampler applies: "
+                        "vLLM's for a vLLM backend), so that the faults are measured against the sampler's own")
     parser.add_argument("--vllm-share", type=float, default=None, help="the GPU memory fraction each vLLM engine "
                         "reserves (default: the backend's; JOBS engines run at once)")
     return parser
@@ -175,11 +175,11 @@ def main() -> None:
     prepare(args)
     from grpo_equivalence.analysis import verdict
     from grpo_equivalence.checks import power, rollout_verdict
-    from grpo_equivalence.training import faults
+    from grpo_equivalence.training import backends, faults
 
     settings = {"sampling": args.sampling, "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds,
                 "margin": args.margin, "per_call": args.per_call, "vllm_share": args.vllm_share,
-                "order": args.order}
+                "order": args.order or backends.get(args.backend).sampler_order}
     config = study(**settings)
     settings["shared"] = args.share_sessions
     scratch = ROOT / "results/benchmarks/fault_detection" / f"{args.backend}-{args.sampling}-{args.dtype}"

@@ -9,7 +9,7 @@
 # MAX_ROUNDS (4), MARGIN (the score test's temperature margin, 0.1: the schema's default), DEADLINE (seconds after which a row drops the checks still running and judges the whole repetitions done; 0: none), ROW_TIMEOUT (seconds a row may take, default 900), PER_CALL (prompts per generation call; default the study's 50),
 # FIRST_SEED (the first repetition's reference seed, default 10000: another gives repetitions of their own),
 # VLLM_SHARE (the GPU memory fraction each vLLM engine reserves; JOBS of them run at once), ORDER (the filters'
-# order the check scores with: vllm for a backend that samples with vLLM), KEEP=1 (each row's check files, as
+# order the check scores with; default the backend's sampler's: vLLM's for a vLLM backend), KEEP=1 (each row's check files, as
 # OUTDIR/checks-ROW.tar.gz: what the counts were made of)
 set -uo pipefail
 out=${1:-results/gpu-faults}

@@ -302,3 +302,31 @@ def test_checks_sharing_a_session_sample_as_checks_of_their_own(primed, tiny_stu
     assert faulty["completions"] == own["completions"] and faulty["fault"] == "no_min_p"
     assert "generation.min_p" in faulty["rollout_settings"] and "generation.min_p" not in again["rollout_settings"]
     assert again["completions"] == first["completions"] != faulty["completions"]
+
+
+@pytest.mark.workflow
+def test_a_backend_whose_sampler_filters_in_another_order_is_named_with_the_order(checks):
+    """vLLM applies min_p before top_k and top_p, transformers after: the check records each sampler's order, and
+    the report names a backend whose order is not the one scored, with what to set. (vLLM cannot run here: a
+    stand-in, hf's second check relabelled as trl_vllm with vLLM's order, shows how the report treats one.)"""
+    import copy
+
+    import jinja2
+
+    from grpo_equivalence.analysis import verdict as verdicts
+    from grpo_equivalence.report import render, sections
+    from grpo_equivalence.training import backends
+
+    assert backends.get("trl_vllm+no_min_p").sampler_order == backends.get("vllm").sampler_order == "vllm"
+    assert backends.get("hf").sampler_order == "transformers" and checks[("hf", 11)]["sampler_order"] == "transformers"
+    stand_in = {**copy.deepcopy(checks[("hf", 12)]), "backend": "trl_vllm", "sampler_order": "vllm"}
+    section = sections.rollout_section([checks[("hf", 11)], stand_in], "hf")
+    assert section["other_order"] == [("trl_vllm", "vllm")]
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(render.TEMPLATE.parent)),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(num=render._num, sig=render._sig, cell=render._cell)
+    text = env.get_template("sections/rollout.md.j2").render(rollout=section, verdicts=verdicts)
+    assert "**Filter order, trl_vllm**: its sampler applies the filters in vLLM's order" in text
+    assert "`rollout_check.order: vllm` checks it in its own" in text and "Filter order, hf" not in text
+    scored_as_vllm = [{**c, "order": "vllm"} for c in (checks[("hf", 11)], stand_in)]
+    assert sections.rollout_section(scored_as_vllm, "hf")["other_order"] == [("hf", "transformers")]

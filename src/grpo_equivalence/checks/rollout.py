@@ -20,7 +20,7 @@ from pathlib import Path
 from ..analysis import stats
 from ..runtime import environment
 from ..study.config import rollout_check_settings
-from ..training import faults
+from ..training import backends, faults
 from . import power, scoring
 
 # Sampling settings the intended distribution is built from (the trainer's, read back from its arguments).
@@ -155,6 +155,7 @@ def _sample_and_score(built, config: dict, backend_name: str, *, out: Path, seed
         "tolerance": rounding,
         "temperature_margin": check_settings["temperature_margin"],
         "order": check_settings["order"],
+        "sampler_order": backends.get(backend_name).sampler_order,  # the filters' order its sampler applies
         "prompts": count,
         "generations": generations * rounds,
         "rounds": rounds,

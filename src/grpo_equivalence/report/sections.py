@@ -198,6 +198,10 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
             "tests": rollout_verdict.TESTS, "settings": settings, "sampling": base["sampling"],
             "prompts": base["prompts"], "generations": base["generations"], "tolerance": base["tolerance"],
             "temperature_margin": base["temperature_margin"], "order": base.get("order", "transformers"),
+            # backends whose sampler applies the filters in another order than the one scored: where top_p binds
+            # they keep other tokens from the same settings, which this check then reports as theirs
+            "other_order": sorted({c["backend"]: c["sampler_order"] for c in [base, *others]
+                                   if c.get("sampler_order") not in (None, base.get("order", "transformers"))}.items()),
             "own": [{"backend": c["backend"], "seed": c["seed"], "tokens": sum(x["tokens"] for x in c["completions"]),
                      "sample_s": c.get("sample_s"), "mismatch": c.get("mismatch")}
                     for c in [base, *others]]}

@@ -51,6 +51,9 @@ class Backend:
     # Whether a run can train on several processes at once (gpus_per_train_job > 1: grpo_equivalence.training.parallel);
     # a backend says so once a run of it has trained that way
     data_parallel: bool = False
+    # The order the backend's sampler applies top_k, top_p and min_p in (scoring.ORDERS): vLLM takes min_p first,
+    # transformers last; where top_p binds, the two keep different tokens from the same settings
+    sampler_order: str = "transformers"
 
     def check_runnable(self, device: str | None) -> None:
         """Raises BackendUnavailable naming what is missing and how to fix it (device None: packages only)."""

@@ -30,4 +30,5 @@ BACKEND = TRLColocatedVLLM(
     packages=(("transformers", "transformers"), ("peft", "peft"), ("trl", "trl"), ("vllm", "vllm")),
     needs_cuda=True,
     options=_vllm.OPTIONS,
+    sampler_order="vllm",
 )

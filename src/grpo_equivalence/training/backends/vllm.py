@@ -30,4 +30,5 @@ BACKEND = UnslothVLLM(
     packages=(*UNSLOTH_PACKAGES, ("vllm", "vllm")),
     fast_inference=True,
     options=_vllm.OPTIONS,
+    sampler_order="vllm",
 )
