@@ -184,8 +184,9 @@ def test_the_rollout_checks_table_on_the_model_of_256_rows_is_its_h200_files():
         rows += 1
     assert rows == 6
     fresh = json.loads((folder / "rollout-hf-tiny-bfloat16-seeds30000.json").read_text())
-    cpu = json.loads((ROOT / "docs" / "faults" / "rollout-cpu-tiny-float32-plan90.json").read_text())
-    for result, reps in ((fresh, 7), (cpu, 5)):
+    cpu = [json.loads((ROOT / "docs" / "faults" / f"rollout-cpu-tiny-{dtype}-plan90.json").read_text())
+           for dtype in ("float32", "bfloat16")]
+    for result, reps in ((fresh, 7), (cpu[0], 5), (cpu[1], 5)):
         assert result["reps"] == reps and result["counts"]["control"]["equivalent"] == reps
         assert all(result["counts"][f]["divergent"] == reps for f in result["counts"] if f != "control")
     text = " ".join(table.split())
