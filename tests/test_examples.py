@@ -335,3 +335,18 @@ def test_a_fault_benchmark_the_docs_quote_starts(name):
     script = ROOT / "benchmarks" / f"{name}.py"
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "--gpu" in result.stdout, result.stderr[-2000:]
+
+
+def test_the_filter_orders_agree_at_the_tiny_models_logits_as_the_docs_say():
+    """docs/rollout-check.md rules out the filters' order as why the vLLM path missed temperature errors, on the
+    figures of docs/faults/filter-order-*.json: per sampler, vLLM's order and transformers' to four decimals."""
+    import json
+
+    text = " ".join((ROOT / "docs" / "rollout-check.md").read_text().split())
+    for sampling in ("tiny", "study"):
+        result = json.loads((ROOT / "docs" / "faults" / f"filter-order-{sampling}.json").read_text())
+        assert f"{result['positions']:,}" in text
+        for sampler in result["expected"].values():
+            for key in ("score", "outside"):
+                assert abs(sampler["vllm"][key] - sampler["transformers"][key]) < 5e-5, (sampling, sampler)
+        assert result["fault_effects"]["temperature_down"]["vllm"]["score"] > 0  # the effect is there, in both
