@@ -199,6 +199,7 @@ def main() -> None:
     counts = {c: dict.fromkeys((verdict.DIVERGENT, verdict.EQUIVALENT, verdict.INCONCLUSIVE), 0) for c in candidates}
     by_test = {c: {t: 0 for t in rollout_verdict.TESTS} for c in candidates}
     stated = {c: [] for c in candidates}
+    checks = []  # per repetition and candidate, what its verdict was made of
     width = len(candidates) + 1
     check = config["rollout_check"]
     alpha = config["verdict"]["alpha"]
@@ -215,6 +216,7 @@ def main() -> None:
             counts[name][comparison["verdict"]] += 1
             for test in rollout_verdict.TESTS:
                 by_test[name][test] += comparison["tests"][test]["verdict"] == verdict.DIVERGENT
+            checks.append(_evidence(rep, name, comparison))
     tokens = sum(c["tokens"] for f in files for c in f["completions"]) / len(files)
     rounds = sum(f["rounds"] for f in files) / len(files)
     summary = {name: _stated(rows) for name, rows in stated.items()}
@@ -231,7 +233,8 @@ def main() -> None:
         "shared_sessions": args.share_sessions,
         "tokens_per_check": tokens,
         "rounds_per_check": rounds, "counts": counts,
-        "divergent_by_test": by_test, "stated": summary, "environment": files[0]["environment"]}, indent=1) + "\n")
+        "divergent_by_test": by_test, "stated": summary, "checks": checks, "environment": files[0]["environment"]},
+        indent=1) + "\n")
 
 
 def _run_all(jobs: list, args, start: float) -> list:
@@ -264,6 +267,20 @@ def _run_all(jobs: list, args, start: float) -> list:
             process.terminate()
     whole = [rep for rep in range(args.reps) if all(rep * width + k in done for k in range(width))]
     return [done[rep * width + k] for rep in whole for k in range(width)]
+
+
+def _evidence(rep: int, name: str, comparison: dict) -> dict:
+    """One candidate's verdict in one repetition and the figures behind it: the clearly-outside counts, each side's
+    score z on its own and their difference, and the sampler/trainer mismatch where the backend reports its own
+    log-probabilities (a faulty sampler's is larger when it draws from the distribution it was set to)."""
+    tests = comparison["tests"]
+    mismatch = {side: (m or {}).get("token_mult_prob_error") for side, m in comparison["mismatch"].items()}
+    return {"rep": rep, "candidate": name, "verdict": comparison["verdict"],
+            "outside": [tests["support"]["candidate_outside"], tests["support"]["reference_outside"]],
+            "score_z": [tests["score"]["candidate_z"], tests["score"]["reference_z"]],
+            "score_difference": tests["score"]["difference"], "score_margins": tests["score"]["margins"],
+            "tokens": [comparison["tokens"]["candidate"], comparison["tokens"]["reference"]],
+            "mismatch": [mismatch["candidate"], mismatch["reference"]]}
 
 
 def _stated(rows: list[dict]) -> dict:
