@@ -75,18 +75,16 @@ def _check(job: tuple) -> dict:
     """One rollout check in a worker process (one thread): its file's content. With shared sessions the worker
     builds its backend's trainer (and a vLLM backend's engine) once and checks every seed and sampling fault
     through it (rollout.check_on); otherwise each check builds its own, as the workflow's jobs do."""
-    backend, seed, out, settings, candidates = job
+    backend, seed, out, settings, candidates, shared = job
     import torch
 
     torch.set_num_threads(1)
     from grpo_equivalence.checks import rollout
     from grpo_equivalence.training import faults
 
-    shared = settings.get("shared", False)
-    config = study(**{k: v for k, v in settings.items() if k != "shared"})
+    config = study(**settings)
     config["backends"] = [config["reference"]] * candidates  # the report's family: planned at its size
     dataset = {"path": "json", "data_files": str(DATA), "name": None}
-    quiet = lambda message: None  # noqa: E731
     if not shared:
         return rollout.check(config, backend, model_path=str(MODEL), dataset=dataset, out=Path(out), seed=seed,
                              log=quiet)
@@ -102,6 +100,10 @@ def _check(job: tuple) -> dict:
                                                       seed=seed, log=quiet))
         atexit.register(stack.close)
     return rollout.check_on(_SESSIONS[base], config, backend, out=Path(out), seed=seed, log=quiet)
+
+
+def quiet(message: str) -> None:
+    """A check's progress lines, dropped: the benchmark prints one line per finished check."""
 
 
 def build_tiny(jobs: int) -> None:
@@ -181,16 +183,15 @@ def main() -> None:
                 "margin": args.margin, "per_call": args.per_call, "vllm_share": args.vllm_share,
                 "order": args.order or backends.get(args.backend).sampler_order}
     config = study(**settings)
-    settings["shared"] = args.share_sessions
     scratch = ROOT / "results/benchmarks/fault_detection" / f"{args.backend}-{args.sampling}-{args.dtype}"
     candidates = ["control", *faults.SAMPLING]
     jobs = []
     for rep in range(args.reps):
         base = args.first_seed + 100 * rep  # seeds apart from the study's, one per check
-        jobs.append((args.backend, base, scratch / f"{rep}_reference.json", settings, len(candidates)))
-        jobs.append((args.backend, base + 1, scratch / f"{rep}_control.json", settings, len(candidates)))
-        jobs += [(f"{args.backend}+{fault}", base + 2 + i, scratch / f"{rep}_{fault}.json", settings, len(candidates))
-                 for i, fault in enumerate(faults.SAMPLING)]
+        named = [(args.backend, "reference"), (args.backend, "control"),
+                 *[(f"{args.backend}+{fault}", fault) for fault in faults.SAMPLING]]
+        jobs += [(backend, base + i, scratch / f"{rep}_{name}.json", settings, len(candidates), args.share_sessions)
+                 for i, (backend, name) in enumerate(named)]
     start = time.perf_counter()
     files = _run_all(jobs, args, start)
     args.reps = len(files) // len(jobs[:len(candidates) + 1])  # the repetitions finished before the deadline
