@@ -311,10 +311,7 @@ def test_a_backend_whose_sampler_filters_in_another_order_is_named_with_the_orde
     stand-in, hf's second check relabelled as trl_vllm with vLLM's order, shows how the report treats one.)"""
     import copy
 
-    import jinja2
-
-    from grpo_equivalence.analysis import verdict as verdicts
-    from grpo_equivalence.report import render, sections
+    from grpo_equivalence.report import sections
     from grpo_equivalence.training import backends
 
     assert backends.get("trl_vllm+no_min_p").sampler_order == backends.get("vllm").sampler_order == "vllm"
@@ -322,11 +319,99 @@ def test_a_backend_whose_sampler_filters_in_another_order_is_named_with_the_orde
     stand_in = {**copy.deepcopy(checks[("hf", 12)]), "backend": "trl_vllm", "sampler_order": "vllm"}
     section = sections.rollout_section([checks[("hf", 11)], stand_in], "hf")
     assert section["other_order"] == [("trl_vllm", "vllm")]
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(render.TEMPLATE.parent)),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=render._num, sig=render._sig, cell=render._cell)
-    text = env.get_template("sections/rollout.md.j2").render(rollout=section, verdicts=verdicts)
+    text = _rollout_text(section)
     assert "**Filter order, trl_vllm**: its sampler applies the filters in vLLM's order" in text
     assert "`rollout_check.order: vllm` checks it in its own" in text and "Filter order, hf" not in text
     scored_as_vllm = [{**c, "order": "vllm"} for c in (checks[("hf", 11)], stand_in)]
     assert sections.rollout_section(scored_as_vllm, "hf")["other_order"] == [("hf", "transformers")]
+
+
+def _rollout_text(section: dict) -> str:
+    """The report's rollout section rendered from `section` (sections.rollout_section's)."""
+    import jinja2
+
+    from grpo_equivalence.analysis import verdict as verdicts
+    from grpo_equivalence.report import render
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(render.TEMPLATE.parent)),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(num=render._num, sig=render._sig, cell=render._cell)
+    return env.get_template("sections/rollout.md.j2").render(rollout=section, verdicts=verdicts)
+
+
+@pytest.mark.workflow
+def test_a_backend_sure_of_its_draws_where_the_settings_leave_a_choice_is_named_with_the_counts(checks):
+    """The mismatch table shows each backend's signed difference and sureness where its check logged them ("not
+    logged" where it has no log-probabilities of its own, as hf), and the report names a backend sure of its draws
+    at 1 % or more of the positions where the settings leave a choice. (vLLM cannot run here: stand-ins, hf's
+    checks with the figures of a sampler that drops tokens, and of one that does not.)"""
+    import copy
+
+    from grpo_equivalence.report import sections
+
+    figures = {"tokens": 1000, "token_mult_prob_error": 1.1, "mean_abs_logp_diff": 0.09, "max_abs_logp_diff": 0.3,
+               "mean_logp_diff": 0.0912, "se_logp_diff": 0.0006, "unsure_positions": 900}
+    dropping = {**copy.deepcopy(checks[("hf", 12)]), "backend": "trl_vllm", "mismatch": {**figures, "sampler_sure": 40}}
+    fine = {**copy.deepcopy(checks[("hf", 12)]), "backend": "vllm", "mismatch": {**figures, "sampler_sure": 4}}
+    section = sections.rollout_section([checks[("hf", 11)], dropping, fine], "hf")
+    assert [d["backend"] for d in section["drops_choices"]] == ["trl_vllm"]
+    text = _rollout_text(section)
+    assert "**trl_vllm (seed 12) keeps fewer tokens than the settings**: at 40 of the 900 positions" in text
+    assert text.count("keeps fewer tokens than the settings**") == 1
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| 0.0912 (0.0006) | 40 of 900 |" in rows["trl_vllm"] and "| 4 of 900 |" in rows["vllm"]
+    assert rows["hf"].endswith("not logged | not logged | not logged | not logged | not logged |")
+
+
+def _truncating(processed):
+    """The sampler's processed logits with the weakest kept token dropped wherever the filters kept more than one:
+    what vLLM 0.26's top-k/top-p kernel does where top_p needs the last token min_p left
+    (benchmarks/vllm_nucleus.py)."""
+    import torch
+
+    kept = torch.isfinite(processed)
+    weakest = torch.where(kept, processed, torch.full_like(processed, float("inf"))).argmin(-1)
+    dropped = processed.clone()
+    rows = (kept.sum(-1) > 1).nonzero().squeeze(1)
+    dropped[rows, weakest[rows]] = -float("inf")
+    return dropped
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("settings", [{"temperature": 1.0, "top_k": 5, "top_p": 0.97, "min_p": 0.05},
+                                      {"temperature": 0.1, "top_k": 5, "top_p": 0.97, "min_p": 0.5}],
+                         ids=["tiny", "study"])
+def test_a_sampler_that_drops_tokens_the_settings_keep_is_named_by_its_own_log_probabilities(settings, dtype):
+    """By the sampler's own log-probabilities of its draws (vLLM's processed ones): a correct sampler whose logits
+    are the scorer's up to its dtype's rounding is not sure of its draws where the settings leave a choice, and its
+    signed difference from the settings is the rounding's (0 in float32); one that drops the weakest token it should
+    keep is sure there, its difference above 0 by many standard errors, and the report names it. In bfloat16 at
+    temperature 0.1 the rounding decides every choice min_p 0.5 leaves: nothing to judge there, and nothing named."""
+    import torch
+
+    from grpo_equivalence.report.sections import drops_choices
+
+    generator = torch.Generator().manual_seed(5)
+    scorer = torch.randn(4000, 64, generator=generator) * (0.15 if settings["temperature"] < 1 else 2.0) + 10
+    own = scorer.to(getattr(torch, dtype)).float()  # the sampler's logits: the scorer's, rounded to its dtype
+    ids = torch.zeros((len(own), 1), dtype=torch.long)
+    processed = scoring.processors(settings, "vllm")(ids, own.clone())
+    named = {}
+    for name, logits in (("correct", processed), ("truncating", _truncating(processed))):
+        tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
+        sampler_logprobs = torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1).tolist()
+        scored = scoring.score_tokens(scorer, tokens, settings, rounding=scoring.ROUNDING[dtype], margin=0.1)
+        figures = scoring.mismatch_figures(*scoring.per_token_agreement(sampler_logprobs, scored))
+        named[name] = figures
+    correct, truncating = named["correct"], named["truncating"]
+    flagged = {d["backend"] for d in drops_choices([{"backend": name, "seed": 1, "mismatch": figures}
+                                                    for name, figures in named.items()])}
+    if dtype == "bfloat16" and settings["temperature"] < 1:
+        assert correct["unsure_positions"] == truncating["unsure_positions"] == 0 and not flagged
+        return
+    assert correct["unsure_positions"] > 200 and correct["sampler_sure"] == 0 and truncating["sampler_sure"] > 0
+    if dtype == "float32":  # the same logits: the difference is the sampler's alone
+        assert correct["mean_logp_diff"] == pytest.approx(0, abs=1e-4)
+    # in bfloat16 the rounding moves the mean too (here by -0.01): the truncation shows against the correct sampler's
+    assert truncating["mean_logp_diff"] - correct["mean_logp_diff"] > 10 * truncating["se_logp_diff"]
+    assert flagged == {"truncating"}

@@ -167,7 +167,7 @@ def _sample_and_score(built, config: dict, backend_name: str, *, out: Path, seed
         "wall_s": time.perf_counter() - began,
         "completions": completions_out,
         # exp(|sampler logp - trainer logp|) per token, as NeMo-RL's token_mult_prob_error; null: not reported
-        "mismatch": _mismatch(scorer.mismatch) if scorer.mismatch else None,
+        "mismatch": scoring.mismatch_figures(scorer.mismatch, scorer.sure) if scorer.mismatch else None,
         "warnings": warnings,
         "environment": environment.describe(),
     }
@@ -196,6 +196,7 @@ class _Scorer:
         self.model, self.config, self.sampling, self.rounding = trainer.model, config, sampling, rounding
         self.margin, self.order = check_settings["temperature_margin"], check_settings["order"]
         self.mismatch: list[float] = []
+        self.sure: list[bool] = []  # scoring.per_token_agreement's
 
     def score(self, sampled: list[dict]):
         """(record, completion sums, fault effect sums) per record, in order."""
@@ -223,8 +224,9 @@ class _Scorer:
                         scored = _slice(joined, offset, end)
                         offset = end
                         if record["sampler_logprobs"] is not None and record["completion_ids"]:
-                            self.mismatch += [s - q for s, q in zip(record["sampler_logprobs"], scored["logq"],
-                                                                    strict=True) if math.isfinite(q)]
+                            differences, sure = scoring.per_token_agreement(record["sampler_logprobs"], scored)
+                            self.mismatch += differences
+                            self.sure += sure
                         yield record, scoring.completion_sums(scored), scoring.effect_sums(scored)
         finally:
             model.train(was_training)
@@ -236,12 +238,6 @@ def _slice(joined: dict, start: int, end: int) -> dict:
         return scoring.empty()
     return {key: _slice(value, start, end) if isinstance(value, dict) else value[start:end]
             for key, value in joined.items()}
-
-
-def _mismatch(differences: list[float]) -> dict:
-    absolute = [abs(d) for d in differences]
-    return {"tokens": len(differences), "token_mult_prob_error": sum(math.exp(a) for a in absolute) / len(absolute),
-            "mean_abs_logp_diff": sum(absolute) / len(absolute), "max_abs_logp_diff": max(absolute)}
 
 
 COMPLETION_KEYS = ("prompt", "tokens", "reward", "score", "variance", "scored", "decided", "outside", "outside_clear",

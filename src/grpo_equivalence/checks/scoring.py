@@ -25,6 +25,8 @@ chance it draws a clearly-outside token, and how far its distribution is from q 
 these grpo_equivalence.checks.power states what the check can detect at the study's settings and size.
 """
 
+import math
+
 from ..training import faults
 
 # Relative rounding tolerance of the logits in each dtype: bfloat16 keeps 8 significant bits (a rounding step is
@@ -220,3 +222,42 @@ def effect_sums(scored: dict) -> dict:
                    "variance": sum(scored[name]["variance"][i] for i in counted),
                    "outside": sum(scored[name]["outside"]), "changed": sum(scored[name]["changed"])}
             for name in faults.SAMPLING}
+
+
+# A sampler "sure" of a token: its own probability of it at least SAMPLER_SURE, where the settings give it at most
+# SETTINGS_UNSURE and the rounding cannot change what they keep (a decided position). A sampler with the settings'
+# support and the scorer's logits up to rounding cannot be: the token's rivals keep a share the rounding does not take
+# away (a 10 % temperature error moves 0.99 to 0.994, not 0.9999). One that drops every rival the settings keep is.
+SAMPLER_SURE, SETTINGS_UNSURE = 1 - 1e-4, 0.99
+
+
+def per_token_agreement(sampler_logprobs: list[float], scored: dict) -> tuple[list[float], list[bool]]:
+    """A completion's sampler log-probabilities (the backend's own, of each token it drew, after its temperature and
+    filters) beside the settings' (scoring.score_tokens' lists): the differences, sampler minus settings, at the
+    tokens the settings keep; and at each decided position where the settings give the drawn token at most
+    SETTINGS_UNSURE, whether the sampler gave it at least SAMPLER_SURE."""
+    differences, sure = [], []
+    for own, settings, decided in zip(sampler_logprobs, scored["logq"], scored["decided"], strict=True):
+        if not math.isfinite(settings):
+            continue
+        differences.append(own - settings)
+        if decided and settings <= math.log(SETTINGS_UNSURE):
+            sure.append(own >= math.log(SAMPLER_SURE))
+    return differences, sure
+
+
+def mismatch_figures(differences: list[float], sure: list[bool]) -> dict:
+    """The sampler/trainer mismatch of a check, from per_token_agreement's lists: NeMo-RL's token_mult_prob_error
+    and the absolute differences; the signed mean with its standard error (its draws are the sampler's, so with the
+    scorer's logits the mean estimates the KL divergence of the sampler's distribution from the settings' on the
+    tokens they keep: above 0 when it keeps fewer tokens or runs colder; in 16 bits the rounding moves it too, by
+    either sign, so read it against the reference's); and the sampler's sureness where the settings leave a choice
+    (`unsure_positions`, of them `sampler_sure`), which the rounding does not make."""
+    absolute = [abs(d) for d in differences]
+    mean = sum(differences) / len(differences)
+    spread = math.sqrt(sum((d - mean) ** 2 for d in differences) / (len(differences) - 1)) if len(differences) > 1 \
+        else None
+    return {"tokens": len(differences), "token_mult_prob_error": sum(math.exp(a) for a in absolute) / len(absolute),
+            "mean_abs_logp_diff": sum(absolute) / len(absolute), "max_abs_logp_diff": max(absolute),
+            "mean_logp_diff": mean, "se_logp_diff": None if spread is None else spread / math.sqrt(len(differences)),
+            "unsure_positions": len(sure), "sampler_sure": sum(sure)}

@@ -11,7 +11,7 @@ from ..analysis import stats as stats_io
 from ..analysis import verdict
 from ..analysis.compare import compare, join_family
 from ..checks import rollout as rollout_files
-from ..checks import power, rollout_verdict
+from ..checks import power, rollout_verdict, scoring
 from ..training import faults
 from ..study.config import rollout_check_settings
 
@@ -204,7 +204,27 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
                                    if c.get("sampler_order") not in (None, base.get("order", "transformers"))}.items()),
             "own": [{"backend": c["backend"], "seed": c["seed"], "tokens": sum(x["tokens"] for x in c["completions"]),
                      "sample_s": c.get("sample_s"), "mismatch": c.get("mismatch")}
-                    for c in [base, *others]]}
+                    for c in [base, *others]],
+            "drops_choices": drops_choices([base, *others]), "sampler_sure": scoring.SAMPLER_SURE,
+            "settings_unsure": scoring.SETTINGS_UNSURE}
+
+
+# A check whose sampler was sure of its draw at this share of the positions where the settings leave a choice (and at
+# SURE_COUNT of them at least) is named in the report: a correct sampler is almost never sure there
+# (scoring.SAMPLER_SURE); a handful can be the rounding of two kernels at a cold temperature
+SURE_SHARE, SURE_COUNT = 0.01, 5
+
+
+def drops_choices(checks: list[dict]) -> list[dict]:
+    """The checks whose sampler, by its own log-probabilities, kept only the token it drew where the settings keep
+    others, at SURE_SHARE of those positions or more (and SURE_COUNT): the backend, its seed and the counts."""
+    named = []
+    for check in checks:
+        mismatch = check.get("mismatch") or {}
+        sure, unsure = mismatch.get("sampler_sure"), mismatch.get("unsure_positions")
+        if sure is not None and unsure and sure >= max(SURE_COUNT, SURE_SHARE * unsure):
+            named.append({"backend": check["backend"], "seed": check["seed"], "sure": sure, "positions": unsure})
+    return named
 
 
 def rollout_from_dir(folder: Path, reference: str, *, alpha: float = verdict.ALPHA, settings: dict | None = None) -> dict:
