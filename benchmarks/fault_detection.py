@@ -39,9 +39,10 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 
 def study(sampling: str = "tiny", dtype: str = "float32", gpu: bool = False, max_rounds: int = 1,
           margin: float | None = None, per_call: int | None = None, vllm_share: float | None = None,
-          order: str | None = None) -> dict:
+          order: str | None = None, exact_top_p: bool = False) -> dict:
     """The tiny study, with config.yaml's sampling settings where `sampling` is "study"; `vllm_share`: the GPU
-    memory fraction each vLLM engine reserves (several checks run at once)."""
+    memory fraction each vLLM engine reserves (several checks run at once); `exact_top_p`: the option of the
+    backends that have it (trl_vllm: vLLM's sort-based top-k/top-p, not its kernel)."""
     import yaml
 
     from grpo_equivalence.study.config import rollout_check_settings
@@ -64,6 +65,14 @@ def study(sampling: str = "tiny", dtype: str = "float32", gpu: bool = False, max
 
         config["backend_options"] = {name: {"gpu_memory_utilization": vllm_share} for name in backends.names()
                                      if "gpu_memory_utilization" in backends.get(name).options}
+    if exact_top_p:
+        from grpo_equivalence.training import backends
+
+        options = config.setdefault("backend_options", {}) or {}
+        for name in backends.names():
+            if "exact_top_p" in backends.get(name).options:
+                options.setdefault(name, {})["exact_top_p"] = True
+        config["backend_options"] = options
     return config
 
 
@@ -146,6 +155,8 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "vLLM's for a vLLM backend), so that the faults are measured against the sampler's own")
     parser.add_argument("--vllm-share", type=float, default=None, help="the GPU memory fraction each vLLM engine "
                         "reserves (default: the backend's; JOBS engines run at once)")
+    parser.add_argument("--exact-top-p", action="store_true", help="backend_options exact_top_p: true (trl_vllm: "
+                        "vLLM's sort-based top-k/top-p at every batch size, not its Triton kernel)")
     return parser
 
 
@@ -181,9 +192,12 @@ def main() -> None:
 
     settings = {"sampling": args.sampling, "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds,
                 "margin": args.margin, "per_call": args.per_call, "vllm_share": args.vllm_share,
-                "order": args.order or backends.get(args.backend).sampler_order}
+                "order": args.order or backends.get(args.backend).sampler_order, "exact_top_p": args.exact_top_p}
+    if args.exact_top_p and "exact_top_p" not in backends.get(args.backend).options:
+        raise SystemExit(f"--exact-top-p: {args.backend} has no exact_top_p option (trl_vllm has)")
     config = study(**settings)
-    scratch = ROOT / "results/benchmarks/fault_detection" / f"{args.backend}-{args.sampling}-{args.dtype}"
+    scratch = ROOT / "results/benchmarks/fault_detection" / (f"{args.backend}-{args.sampling}-{args.dtype}"
+                                                             + ("-exact_top_p" if args.exact_top_p else ""))
     candidates = ["control", *faults.SAMPLING]
     jobs = []
     for rep in range(args.reps):
@@ -231,7 +245,7 @@ def main() -> None:
         "reps": args.reps, "backend": args.backend, "sampling": {k: config["grpo"][k] for k in SAMPLING_KEYS},
         "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds, "temperature_margin":
         check["temperature_margin"], "order": check["order"], "prompts_per_call": check["prompts_per_call"],
-        "shared_sessions": args.share_sessions,
+        "shared_sessions": args.share_sessions, "exact_top_p": args.exact_top_p,
         "tokens_per_check": tokens,
         "rounds_per_check": rounds, "counts": counts,
         "divergent_by_test": by_test, "stated": summary, "checks": checks, "environment": files[0]["environment"]},
@@ -273,9 +287,13 @@ def _run_all(jobs: list, args, start: float) -> list:
 def _evidence(rep: int, name: str, comparison: dict) -> dict:
     """One candidate's verdict in one repetition and the figures behind it: the clearly-outside counts, each side's
     score z on its own and their difference, and the sampler/trainer mismatch where the backend reports its own
-    log-probabilities (a faulty sampler's is larger when it draws from the distribution it was set to)."""
+    log-probabilities (a faulty sampler's is larger when it draws from the distribution it was set to): NeMo-RL's
+    token_mult_prob_error, the signed mean difference, and the sampler's sureness where the settings leave a choice
+    (sure, of positions: scoring.mismatch_figures)."""
     tests = comparison["tests"]
-    mismatch = {side: (m or {}).get("token_mult_prob_error") for side, m in comparison["mismatch"].items()}
+    mismatch = {side: None if not m else [m.get(key) for key in ("token_mult_prob_error", "mean_logp_diff",
+                                                                 "sampler_sure", "unsure_positions")]
+                for side, m in comparison["mismatch"].items()}
     return {"rep": rep, "candidate": name, "verdict": comparison["verdict"],
             "outside": [tests["support"]["candidate_outside"], tests["support"]["reference_outside"]],
             "score_z": [tests["score"]["candidate_z"], tests["score"]["reference_z"]],

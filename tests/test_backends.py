@@ -50,9 +50,37 @@ def test_backends_change_only_the_rollout_settings(name, overrides):
 def test_backend_options_reach_the_trainer():
     for name in ("vllm", "trl_vllm"):
         assert backends.get(name).grpo_overrides({"gpu_memory_utilization": 0.6})["vllm_gpu_memory_utilization"] == 0.6
-        assert set(backends.get(name).options) == {"gpu_memory_utilization"}
+    assert set(backends.get("vllm").options) == {"gpu_memory_utilization"}
+    assert set(backends.get("trl_vllm").options) == {"gpu_memory_utilization", "exact_top_p"}
+    assert backends.get("trl_vllm").flags == ("exact_top_p",)
     cb = backends.get("cb_paged").grpo_overrides({"continuous_batching": {"num_blocks": 16}})
     assert cb["transformers_continuous_batching_config"] == {"num_blocks": 16}
+
+
+def test_exact_top_p_makes_vllms_sampler_filter_by_sorting_at_every_batch_size(monkeypatch):
+    """exact_top_p replaces the top-k/top-p function vLLM's PyTorch sampler looks up at each step by vLLM's own
+    sort-based one, whatever the batch; without it vLLM is left as it is. (vLLM cannot be imported here: a
+    stand-in module in its place, whose dispatcher takes the Triton kernel from 8 rows on as vLLM 0.26's does.)"""
+    from grpo_equivalence.training.backends import _vllm
+
+    calls = []
+    stand_in = types.ModuleType(_vllm.SAMPLER_MODULE)
+    stand_in.apply_top_k_top_p = lambda logits, k, p: calls.append("triton" if len(logits) >= 8 else "sort")
+    stand_in.apply_top_k_top_p_pytorch = lambda logits, k, p: calls.append("sort")
+    monkeypatch.setitem(sys.modules, _vllm.SAMPLER_MODULE, stand_in)
+    trl_vllm = backends.get("trl_vllm")
+    spec = types.SimpleNamespace(options={"exact_top_p": False})
+    assert trl_vllm.prepare_trainer(None, spec) == []
+    stand_in.apply_top_k_top_p([0] * 8, None, None)
+    assert calls == ["triton"]
+    spec.options["exact_top_p"] = True
+    assert trl_vllm.prepare_trainer(None, spec) == ["vllm.exact_top_p"]
+    sys.modules[_vllm.SAMPLER_MODULE].apply_top_k_top_p([0] * 8, None, None)
+    sys.modules[_vllm.SAMPLER_MODULE].apply_top_k_top_p([0] * 2, None, None)
+    assert calls == ["triton", "sort", "sort"]
+    del stand_in.apply_top_k_top_p_pytorch  # a vLLM without it: refused by name, not silently left as it is
+    with pytest.raises(RuntimeError, match="no apply_top_k_top_p_pytorch"):
+        trl_vllm.prepare_trainer(None, spec)
 
 
 class MockFastLanguageModel:

@@ -67,6 +67,14 @@ def test_unknown_backend_option(tiny_config):
     assert "backend_options.cb_paged.page_size: unknown option of cb_paged" in problems_of(tiny_config)
 
 
+def test_a_backend_flag_is_true_or_false(tiny_config):
+    tiny_config["backend_options"]["trl_vllm"] = {"exact_top_p": "yes"}
+    message = problems_of(tiny_config)
+    assert "backend_options.trl_vllm.exact_top_p: 'yes' is neither true nor false; exact_top_p: true:" in message
+    tiny_config["backend_options"]["trl_vllm"] = {"exact_top_p": True}
+    check(tiny_config)
+
+
 def test_wrong_type_names_the_key(tiny_config):
     tiny_config["grpo"]["temperature"] = "hot"
     assert "grpo.temperature: 'hot' is not of type 'number'" in problems_of(tiny_config)

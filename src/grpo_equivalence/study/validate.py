@@ -22,10 +22,10 @@ def _get(config: dict, *keys, kind=object):
 
 
 def study_problems(config: dict, backend_names: list[str], backend_options: dict[str, dict],
-                   data_parallel: tuple[str, ...] = ()) -> list[str]:
-    """Cross-field checks, given the known backends, the options each one accepts and those that train a run on
-    several processes (data_parallel). Each check runs on what is well-formed, so that a schema error elsewhere
-    does not hide these."""
+                   data_parallel: tuple[str, ...] = (), flags: dict[str, tuple] | None = None) -> list[str]:
+    """Cross-field checks, given the known backends, the options each one accepts (and of them the `flags`, true or
+    false) and those that train a run on several processes (data_parallel). Each check runs on what is
+    well-formed, so that a schema error elsewhere does not hide these."""
     problems = []
     backends = [b for b in (_get(config, "backends", kind=list) or []) if isinstance(b, str)]
     from ..training.faults import FAULTS, split
@@ -86,6 +86,9 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
             if key not in backend_options[name]:
                 known = ", ".join(backend_options[name]) or "none"
                 problems.append(f"backend_options.{name}.{key}: unknown option of {name} (known: {known})")
+            elif key in (flags or {}).get(name, ()) and not isinstance(options[key], bool):
+                problems.append(f"backend_options.{name}.{key}: {options[key]!r} is neither true nor false; "
+                                f"{key}: {backend_options[name][key]}")
     gpus = _get(config, "gpus_per_train_job", kind=int)
     single = [b for b in backends if b.split("+")[0] in backend_names and b.split("+")[0] not in data_parallel]
     if gpus is not None and gpus > 1 and single:
@@ -118,7 +121,8 @@ def check(config: dict, bases=()) -> None:
 
     problems = schema_problems(config)
     problems += study_problems(config, backends.names(), {n: backends.get(n).options for n in backends.names()},
-                               tuple(n for n in backends.names() if getattr(backends.get(n), "data_parallel", False)))
+                               tuple(n for n in backends.names() if getattr(backends.get(n), "data_parallel", False)),
+                               {n: getattr(backends.get(n), "flags", ()) for n in backends.names()})
     if isinstance(config.get("grpo"), dict):
         problems += grpo_field_problems(config["grpo"])
     if not problems:  # paths are checked once the keys that name them are well-formed

@@ -45,6 +45,7 @@ class Backend:
     packages: tuple[tuple[str, str], ...] = (("transformers", "transformers"), ("peft", "peft"), ("trl", "trl"))
     needs_cuda: bool = False
     options: dict[str, str] = field(default_factory=dict)  # option name -> help
+    flags: tuple[str, ...] = ()  # the options that are true or false
     # The trainer the backend trains through: a difference between stacks is not a rollout difference, so
     # each candidate is also judged against the reference of its own stack (STACK_REFERENCES)
     stack: str = TRL_PEFT

@@ -23,12 +23,16 @@ class TRLColocatedVLLM(Backend):
     def grpo_overrides(self, options: dict) -> dict:
         return _vllm.colocate_overrides(options, DEFAULT_FRACTION)
 
+    def prepare_trainer(self, trainer, spec) -> list[str]:
+        return _vllm.exact_top_p(spec.options, self.name)
+
 
 BACKEND = TRLColocatedVLLM(
     name="trl_vllm",
     summary="transformers + PEFT, TRL use_vllm=True, vllm_mode=colocate: TRL's own vLLM engine in the training process",
     packages=(("transformers", "transformers"), ("peft", "peft"), ("trl", "trl"), ("vllm", "vllm")),
     needs_cuda=True,
-    options=_vllm.OPTIONS,
+    options={**_vllm.OPTIONS, **_vllm.EXACT_TOP_P},
+    flags=tuple(_vllm.EXACT_TOP_P),
     sampler_order="vllm",
 )
