@@ -337,6 +337,34 @@ def test_a_fault_benchmark_the_docs_quote_starts(name):
     assert result.returncode == 0 and "--gpu" in result.stdout, result.stderr[-2000:]
 
 
+def test_vllms_top_p_kernel_drops_what_the_docs_say_at_the_tiny_models_logits():
+    """docs/backends.md's table and docs/rollout-check.md's figures of vLLM 0.26's top-p kernel are those of
+    docs/faults/vllm-nucleus-*.json: it only ever drops tokens, its correct sampler is colder than the settings, and
+    it cuts most of the tokens a hotter sampler would draw outside the settings' support."""
+    import json
+
+    backends = " ".join((ROOT / "docs" / "backends.md").read_text().split())
+    checks = " ".join((ROOT / "docs" / "rollout-check.md").read_text().split())
+    for sampling in ("tiny", "study"):
+        result = json.loads((ROOT / "docs" / "faults" / f"vllm-nucleus-{sampling}.json").read_text())
+        kept, expected = result["kept"]["correct"], result["expected"]["correct"]
+        assert result["vllm"] == "0.26.0" and all(k["kernel_adds"] == 0 for k in result["kept"].values())
+        row = (f"| {result['positions']:,} | {100 * kept['several_kept']:.1f} % | {100 * kept['only_top_kept']:.1f} % "
+               f"{'of all positions ' if sampling == 'tiny' else ''}| {100 * kept['differs']:.1f} % | "
+               f"+{expected['kernel']['score']:.3f} a token |")
+        assert row in backends, row
+        assert expected["kernel"]["score"] > 0 and abs(expected["exact"]["score"]) < 1e-4
+    tiny = json.loads((ROOT / "docs" / "faults" / "vllm-nucleus-tiny.json").read_text())
+    hot = tiny["expected"]["temperature_up"]
+    assert f"{hot['kernel']['outside']:.5f}" in checks and f"{hot['exact']['outside']:.5f}" in checks
+    assert hot["kernel"]["outside"] < hot["exact"]["outside"] / 2
+    # without top_p the kernel filters top_k alone, and keeps what the exact filters keep everywhere
+    without = json.loads((ROOT / "docs" / "faults" / "vllm-nucleus-tiny-top_p1.json").read_text())
+    assert without["sampling"]["top_p"] == 1.0 and "--top-p 1.0" in " ".join(
+        (ROOT / "docs" / "backends.md").read_text().split())
+    assert all(k["differs"] == 0 for k in without["kept"].values())
+
+
 def test_the_filter_orders_agree_at_the_tiny_models_logits_as_the_docs_say():
     """docs/rollout-check.md rules out the filters' order as why the vLLM path missed temperature errors, on the
     figures of docs/faults/filter-order-*.json: per sampler, vLLM's order and transformers' to four decimals."""
