@@ -84,7 +84,7 @@ def _check(job: tuple) -> dict:
     """One rollout check in a worker process (one thread): its file's content. With shared sessions the worker
     builds its backend's trainer (and a vLLM backend's engine) once and checks every seed and sampling fault
     through it (rollout.check_on); otherwise each check builds its own, as the workflow's jobs do."""
-    backend, seed, out, settings, candidates, shared = job
+    backend, seed, out, settings, candidates, shared, stand_in = job
     import torch
 
     torch.set_num_threads(1)
@@ -92,6 +92,11 @@ def _check(job: tuple) -> dict:
     from grpo_equivalence.training import faults
 
     config = study(**settings)
+    if stand_in:  # generate() filters as vLLM 0.26's kernel does (--kernel-rule)
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import vllm_nucleus
+
+        vllm_nucleus.imitate_in_generate()
     config["backends"] = [config["reference"]] * candidates  # the report's family: planned at its size
     dataset = {"path": "json", "data_files": str(DATA), "name": None}
     if not shared:
@@ -157,6 +162,9 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "reserves (default: the backend's; JOBS engines run at once)")
     parser.add_argument("--exact-top-p", action="store_true", help="backend_options exact_top_p: true (trl_vllm: "
                         "vLLM's sort-based top-k/top-p at every batch size, not its Triton kernel)")
+    parser.add_argument("--kernel-rule", action="store_true", help="a CPU stand-in for a vLLM 0.26 sampler: "
+                        "generate() drops the last token min_p left where top_p needs it, as vLLM's Triton kernel "
+                        "does (benchmarks/vllm_nucleus.py); for a transformers backend (hf)")
     return parser
 
 
@@ -195,17 +203,20 @@ def main() -> None:
                 "order": args.order or backends.get(args.backend).sampler_order, "exact_top_p": args.exact_top_p}
     if args.exact_top_p and "exact_top_p" not in backends.get(args.backend).options:
         raise SystemExit(f"--exact-top-p: {args.backend} has no exact_top_p option (trl_vllm has)")
+    if args.kernel_rule and backends.get(args.backend).sampler_order != "transformers":
+        raise SystemExit(f"--kernel-rule: {args.backend} does not sample through generate(); use hf")
     config = study(**settings)
     scratch = ROOT / "results/benchmarks/fault_detection" / (f"{args.backend}-{args.sampling}-{args.dtype}"
-                                                             + ("-exact_top_p" if args.exact_top_p else ""))
+                                                             + ("-exact_top_p" if args.exact_top_p else "")
+                                                             + ("-kernel_rule" if args.kernel_rule else ""))
     candidates = ["control", *faults.SAMPLING]
     jobs = []
     for rep in range(args.reps):
         base = args.first_seed + 100 * rep  # seeds apart from the study's, one per check
         named = [(args.backend, "reference"), (args.backend, "control"),
                  *[(f"{args.backend}+{fault}", fault) for fault in faults.SAMPLING]]
-        jobs += [(backend, base + i, scratch / f"{rep}_{name}.json", settings, len(candidates), args.share_sessions)
-                 for i, (backend, name) in enumerate(named)]
+        jobs += [(backend, base + i, scratch / f"{rep}_{name}.json", settings, len(candidates), args.share_sessions,
+                  args.kernel_rule) for i, (backend, name) in enumerate(named)]
     start = time.perf_counter()
     files = _run_all(jobs, args, start)
     args.reps = len(files) // len(jobs[:len(candidates) + 1])  # the repetitions finished before the deadline
@@ -245,7 +256,7 @@ def main() -> None:
         "reps": args.reps, "backend": args.backend, "sampling": {k: config["grpo"][k] for k in SAMPLING_KEYS},
         "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds, "temperature_margin":
         check["temperature_margin"], "order": check["order"], "prompts_per_call": check["prompts_per_call"],
-        "shared_sessions": args.share_sessions, "exact_top_p": args.exact_top_p,
+        "shared_sessions": args.share_sessions, "exact_top_p": args.exact_top_p, "kernel_rule": args.kernel_rule,
         "tokens_per_check": tokens,
         "rounds_per_check": rounds, "counts": counts,
         "divergent_by_test": by_test, "stated": summary, "checks": checks, "environment": files[0]["environment"]},

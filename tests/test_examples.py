@@ -363,6 +363,29 @@ def test_vllms_top_p_kernel_drops_what_the_docs_say_at_the_tiny_models_logits():
     assert without["sampling"]["top_p"] == 1.0 and "--top-p 1.0" in " ".join(
         (ROOT / "docs" / "backends.md").read_text().split())
     assert all(k["differs"] == 0 for k in without["kept"].values())
+    # the benchmark's statement of the kernel's rule keeps, position by position, what the kernel keeps
+    assert all(k["stand_in_differs"] == 0 for k in tiny["kept"].values())
+
+
+def test_a_sampler_with_the_kernels_rule_hides_temperature_errors_in_bfloat16_as_the_docs_say():
+    """docs/rollout-check.md and docs/faults/README.md on the CPU rows with hf filtering by vLLM 0.26's kernel rule:
+    in bfloat16 the temperature faults mostly escape (the support test never sees temperature_up), in float32 not."""
+    import json
+
+    faults_doc = " ".join((ROOT / "docs" / "faults" / "README.md").read_text().split())
+    rows = {dtype: json.loads((ROOT / "docs" / "faults" / f"rollout-cpu-tiny-{dtype}-kernel-rule.json").read_text())
+            for dtype in ("float32", "bfloat16")}
+    exact = {dtype: json.loads((ROOT / "docs" / "faults" / f"rollout-cpu-tiny-{dtype}-plan90.json").read_text())
+             for dtype in ("float32", "bfloat16")}
+    for dtype, row in rows.items():
+        assert row["kernel_rule"] and row["reps"] == 5 and row["counts"]["control"]["equivalent"] == 5
+        assert all(exact[dtype]["counts"][f]["divergent"] == 5 for f in ("temperature_up", "temperature_down"))
+    assert all(rows["float32"]["counts"][f]["divergent"] == 5 for f in ("temperature_up", "temperature_down"))
+    bf16 = rows["bfloat16"]
+    up, down = bf16["counts"]["temperature_up"], bf16["counts"]["temperature_down"]
+    assert bf16["divergent_by_test"]["temperature_up"]["support"] == 0
+    assert f"`temperature_up` divergent {up['divergent']} of 5" in faults_doc
+    assert f"`temperature_down` divergent {down['divergent']}, equivalent {down['equivalent']}" in faults_doc
 
 
 def test_the_filter_orders_agree_at_the_tiny_models_logits_as_the_docs_say():
