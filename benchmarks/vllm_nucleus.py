@@ -72,14 +72,16 @@ def kernel(source: str):
     return module.apply_top_k_top_p_triton, version
 
 
-def kernel_rule(candidates, kept, survivors, top_k):
+def kernel_rule(candidates, kept, survivors, top_k, top_p):
     """The kernel's rule, from the logits top-p chose among (`candidates`: after temperature, top_k and min_p; -inf
-    where dropped), the exact filters' result (`kept`) and how many tokens min_p alone left (`survivors`): where no
-    more than top_k survived min_p (the kernel then takes its top-p path alone; above, its top-k path, which keeps
-    what top_p asks) and top-p kept every candidate and there are several, the weakest is dropped. In place on
-    `kept`."""
+    where dropped), the exact filters' result (`kept`) and how many tokens min_p alone left (`survivors`): with a
+    top_p below 1, where no more than top_k survived min_p (the kernel then takes its top-p path alone; above, its
+    top-k path, which keeps what top_p asks) and top-p kept every candidate and there are several, the weakest is
+    dropped. In place on `kept`."""
     import torch
 
+    if top_p is None or top_p >= 1.0:  # vLLM asks no top-p of the kernel
+        return kept
     among = torch.isfinite(candidates)
     alone = survivors <= top_k if top_k else torch.ones_like(survivors, dtype=torch.bool)
     rows = (alone & (torch.isfinite(kept) == among).all(-1) & (among.sum(-1) > 1)).nonzero().squeeze(1)
@@ -105,7 +107,7 @@ def imitate_in_generate() -> None:
 
     class TopPRemembering(logits_process.TopPLogitsWarper):
         def __call__(self, input_ids, scores):
-            given["candidates"] = scores.clone()
+            given["candidates"], given["top_p"] = scores.clone(), self.top_p
             return super().__call__(input_ids, scores)
 
     class MinPThenKernelRule(logits_process.MinPLogitsWarper):
@@ -116,7 +118,7 @@ def imitate_in_generate() -> None:
                 return kept
             candidates = super().__call__(input_ids, given.pop("candidates"))
             survivors = torch.isfinite(super().__call__(input_ids, whole if whole is not None else candidates.clone()))
-            return kernel_rule(candidates, kept, survivors.sum(-1), top_k)
+            return kernel_rule(candidates, kept, survivors.sum(-1), top_k, given.pop("top_p"))
 
     utils.TopKLogitsWarper, utils.TopPLogitsWarper = TopKRemembering, TopPRemembering
     utils.MinPLogitsWarper = MinPThenKernelRule
@@ -170,7 +172,7 @@ def main() -> None:
         survivors = torch.isfinite(scoring.processors({**sampler, "top_k": None, "top_p": None}, "vllm")(
             ids, logits.clone())).sum(-1)
         rule = torch.isfinite(kernel_rule(scoring.processors({**sampler, "top_p": None}, "vllm")(ids, logits.clone()),
-                                          exact.clone(), survivors, sampler.get("top_k")))
+                                          exact.clone(), survivors, sampler.get("top_k"), sampler.get("top_p")))
         several = mine.sum(-1) > 1
         rows[name] = {"exact": filter_order_effect.against_q(logits, settings, exact),
                       "kernel": filter_order_effect.against_q(logits, settings, ran)}
