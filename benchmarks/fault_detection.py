@@ -60,18 +60,17 @@ def study(sampling: str = "tiny", dtype: str = "float32", gpu: bool = False, max
     if per_call is not None:  # how many prompts one generation call takes: speed only, the sampling is the same
         check["prompts_per_call"] = per_call
     config["rollout_check"] = rollout_check_settings(check)
-    if vllm_share is not None:
+    # backend options the benchmark sets, each given to every backend that has it, beside the study's own
+    wanted = {**({"gpu_memory_utilization": vllm_share} if vllm_share is not None else {}),
+              **({"exact_top_p": True} if exact_top_p else {})}
+    if wanted:
         from grpo_equivalence.training import backends
 
-        config["backend_options"] = {name: {"gpu_memory_utilization": vllm_share} for name in backends.names()
-                                     if "gpu_memory_utilization" in backends.get(name).options}
-    if exact_top_p:
-        from grpo_equivalence.training import backends
-
-        options = config.setdefault("backend_options", {}) or {}
+        options = dict(config.get("backend_options") or {})
         for name in backends.names():
-            if "exact_top_p" in backends.get(name).options:
-                options.setdefault(name, {})["exact_top_p"] = True
+            accepted = {key: value for key, value in wanted.items() if key in backends.get(name).options}
+            if accepted:
+                options[name] = {**options.get(name, {}), **accepted}
         config["backend_options"] = options
     return config
 

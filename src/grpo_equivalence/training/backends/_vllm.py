@@ -27,11 +27,7 @@ def exact_top_p(options: dict, backend: str) -> list[str]:
     if sort_based is None or not hasattr(sampler, "apply_top_k_top_p"):
         raise RuntimeError(f"backend_options.{backend}.exact_top_p: this vLLM has no apply_top_k_top_p_pytorch in "
                            f"{SAMPLER_MODULE} (vLLM 0.26 has); leave the option out with this vLLM")
-
-    def sort_based_always(logits, k, p):
-        return sort_based(logits, k, p)
-
-    sampler.apply_top_k_top_p = sort_based_always
+    sampler.apply_top_k_top_p = sort_based
     return ["vllm.exact_top_p"]
 
 
