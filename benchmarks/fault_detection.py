@@ -1,8 +1,10 @@
 """How often the rollout check calls each injected fault divergent, and a reseeded reference divergent.
 
 Each repetition is one report's rollout check on the tiny study's model: the reference backend at one seed, and
-as candidates judged together (Holm over their tests) the reference at another seed (the control) and the
-reference with each sampling fault (grpo_equivalence.training.faults.SAMPLING), each at a seed of its own. The
+as candidates judged together (Holm over their tests, the reference's own sampler test among them where it reports
+its logits) the reference at another seed (the control), the reference with each sampling fault
+(grpo_equivalence.training.faults.SAMPLING: drop_weakest is vLLM 0.26's top-p kernel's rule in generate()) and with
+the numerics fault (faults.NUMERICS: float8 weights for the rollout), each at a seed of its own. The
 sampling is the tiny study's (temperature 1.0, min_p 0.05) or, with --sampling study, config.yaml's (temperature
 0.1, min_p 0.5); --dtype bfloat16 --gpu samples and scores in bfloat16 on the GPU. Each check samples rounds to
 its plan (grpo_equivalence.checks.power), at most --max-rounds. Each of the --jobs workers builds the backend's
@@ -83,7 +85,7 @@ def _check(job: tuple) -> dict:
     """One rollout check in a worker process (one thread): its file's content. With shared sessions the worker
     builds its backend's trainer (and a vLLM backend's engine) once and checks every seed and sampling fault
     through it (rollout.check_on); otherwise each check builds its own, as the workflow's jobs do."""
-    backend, seed, out, settings, candidates, shared, stand_in = job
+    backend, seed, out, settings, candidates, shared = job
     import torch
 
     torch.set_num_threads(1)
@@ -91,11 +93,6 @@ def _check(job: tuple) -> dict:
     from grpo_equivalence.training import faults
 
     config = study(**settings)
-    if stand_in:  # generate() filters as vLLM 0.26's kernel does (--kernel-rule)
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        import vllm_nucleus
-
-        vllm_nucleus.imitate_in_generate()
     config["backends"] = [config["reference"]] * candidates  # the report's family: planned at its size
     dataset = {"path": "json", "data_files": str(DATA), "name": None}
     if not shared:
@@ -161,9 +158,6 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "reserves (default: the backend's; JOBS engines run at once)")
     parser.add_argument("--exact-top-p", action="store_true", help="backend_options exact_top_p: true (trl_vllm: "
                         "vLLM's sort-based top-k/top-p at every batch size, not its Triton kernel)")
-    parser.add_argument("--kernel-rule", action="store_true", help="a CPU stand-in for a vLLM 0.26 sampler: "
-                        "generate() drops the last token min_p left where top_p needs it, as vLLM's Triton kernel "
-                        "does (benchmarks/vllm_nucleus.py); for a transformers backend (hf)")
     return parser
 
 
@@ -175,7 +169,8 @@ def print_table(columns: tuple, what: str, names, counts: dict, divergent_by: di
     print("| --- | ---: | ---: | ---: | --- |")
     for name, found in counts.items():
         share = {k: 100 * v / args.reps for k, v in found.items()}
-        label = "reseeded reference (control)" if name == "control" else f"{args.backend}+{name}"
+        label = {"control": "reseeded reference (control)", "reference": "reference, its own sampler"}.get(
+            name, f"{args.backend}+{name}")
         print(f"| {label} | {share[verdict.DIVERGENT]:.0f} % | {share[verdict.EQUIVALENT]:.0f} % | "
               f"{share[verdict.INCONCLUSIVE]:.0f} % | {', '.join(str(divergent_by[name][t]) for t in names)} |")
 
@@ -202,27 +197,29 @@ def main() -> None:
                 "order": args.order or backends.get(args.backend).sampler_order, "exact_top_p": args.exact_top_p}
     if args.exact_top_p and "exact_top_p" not in backends.get(args.backend).options:
         raise SystemExit(f"--exact-top-p: {args.backend} has no exact_top_p option (trl_vllm has)")
-    if args.kernel_rule and backends.get(args.backend).sampler_order != "transformers":
-        raise SystemExit(f"--kernel-rule: {args.backend} does not sample through generate(); use hf")
     config = study(**settings)
     scratch = ROOT / "results/benchmarks/fault_detection" / (f"{args.backend}-{args.sampling}-{args.dtype}"
-                                                             + ("-exact_top_p" if args.exact_top_p else "")
-                                                             + ("-kernel_rule" if args.kernel_rule else ""))
-    candidates = ["control", *faults.SAMPLING]
+                                                             + ("-exact_top_p" if args.exact_top_p else ""))
+    # the faults this backend can have put in (drop_weakest and fp8_rollout: transformers' generate(), and the
+    # native decoder for fp8_rollout; a vLLM engine samples with its own kernel and holds its own weights)
+    vllm = backends.get(args.backend).sampler_logits == "vllm" or "vllm" in args.backend
+    candidates = ["control", *[f for f in faults.ROLLOUT if not (vllm and f in ("drop_weakest", "fp8_rollout"))
+                               and not (args.backend == "native" and f == "drop_weakest")]]
     jobs = []
     for rep in range(args.reps):
         base = args.first_seed + 100 * rep  # seeds apart from the study's, one per check
         named = [(args.backend, "reference"), (args.backend, "control"),
-                 *[(f"{args.backend}+{fault}", fault) for fault in faults.SAMPLING]]
-        jobs += [(backend, base + i, scratch / f"{rep}_{name}.json", settings, len(candidates), args.share_sessions,
-                  args.kernel_rule) for i, (backend, name) in enumerate(named)]
+                 *[(f"{args.backend}+{fault}", fault) for fault in candidates[1:]]]
+        jobs += [(backend, base + i, scratch / f"{rep}_{name}.json", settings, len(candidates), args.share_sessions)
+                 for i, (backend, name) in enumerate(named)]
     start = time.perf_counter()
     files = _run_all(jobs, args, start)
     args.reps = len(files) // len(jobs[:len(candidates) + 1])  # the repetitions finished before the deadline
     if not files:
         raise SystemExit(f"no repetition finished within the deadline of {args.deadline} s: give it more time")
-    counts = {c: dict.fromkeys((verdict.DIVERGENT, verdict.EQUIVALENT, verdict.INCONCLUSIVE), 0) for c in candidates}
-    by_test = {c: {t: 0 for t in rollout_verdict.TESTS} for c in candidates}
+    rows = (["reference"] if backends.get(args.backend).sampler_logits else []) + candidates
+    counts = {c: dict.fromkeys((verdict.DIVERGENT, verdict.EQUIVALENT, verdict.INCONCLUSIVE), 0) for c in rows}
+    by_test = {c: {t: 0 for t in rollout_verdict.TESTS} for c in rows}
     stated = {c: [] for c in candidates}
     checks = []  # per repetition and candidate, what its verdict was made of
     width = len(candidates) + 1
@@ -231,20 +228,26 @@ def main() -> None:
     for rep in range(args.reps):
         reference, *others = files[rep * width:(rep + 1) * width]
         comparisons = [rollout_verdict.compare(reference, other, alpha=alpha, support_margin=check["support_margin"],
-                                               margin_sd=check["margin"]) for other in others]
+                                               margin_sd=check["margin"], numerics_ratio=check["numerics_ratio"],
+                                               numerics_floor=check["numerics_floor"]) for other in others]
+        if reference.get("sampler_logits"):  # its own sampler, judged in the same family, as the report does
+            comparisons.insert(0, rollout_verdict.own_check(reference, alpha=alpha,
+                                                            support_margin=check["support_margin"]))
         rollout_verdict.finalize(comparisons, alpha)
         tokens = sum(c["tokens"] for c in reference["completions"])
-        for row in power.statements(reference["profile"], tokens, alpha=alpha, family=comparisons[0]["family_size"],
+        one_sample = bool(reference.get("sampler_logits"))
+        for row in power.statements(reference["own_profile"] if one_sample else reference["profile"], tokens,
+                                    alpha=alpha, family=comparisons[0]["family_size"], one_sample=one_sample,
                                     paired=power.paired_rates(reference["completions"], check["margin"])):
             stated[row["fault"] or "control"].append(row)
-        for name, comparison in zip(candidates, comparisons, strict=True):
+        for name, comparison in zip(rows, comparisons, strict=True):
             counts[name][comparison["verdict"]] += 1
             for test in rollout_verdict.TESTS:
-                by_test[name][test] += comparison["tests"][test]["verdict"] == verdict.DIVERGENT
+                by_test[name][test] += comparison["tests"].get(test, {}).get("verdict") == verdict.DIVERGENT
             checks.append(_evidence(rep, name, comparison))
     tokens = sum(c["tokens"] for f in files for c in f["completions"]) / len(files)
     rounds = sum(f["rounds"] for f in files) / len(files)
-    summary = {name: _stated(rows) for name, rows in stated.items()}
+    summary = {name: _stated(found) for name, found in stated.items() if found}
     print(f"rollout check, tiny model, {args.backend}, {args.sampling} sampling {config['grpo']['temperature']} / "
           f"min_p {config['grpo']['min_p']}, {args.dtype}{' on the GPU' if args.gpu else ''}: {args.reps} repetitions, "
           f"{tokens:.0f} tokens and {rounds:.2f} rounds per check, {time.perf_counter() - start:.0f} s")
@@ -255,7 +258,8 @@ def main() -> None:
         "reps": args.reps, "backend": args.backend, "sampling": {k: config["grpo"][k] for k in SAMPLING_KEYS},
         "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds, "temperature_margin":
         check["temperature_margin"], "order": check["order"], "prompts_per_call": check["prompts_per_call"],
-        "shared_sessions": args.share_sessions, "exact_top_p": args.exact_top_p, "kernel_rule": args.kernel_rule,
+        "shared_sessions": args.share_sessions, "exact_top_p": args.exact_top_p,
+        "sampler_logits": files[0].get("sampler_logits"), "numerics_floor": check["numerics_floor"],
         "tokens_per_check": tokens,
         "rounds_per_check": rounds, "counts": counts,
         "divergent_by_test": by_test, "stated": summary, "checks": checks, "environment": files[0]["environment"]},
@@ -295,19 +299,22 @@ def _run_all(jobs: list, args, start: float) -> list:
 
 
 def _evidence(rep: int, name: str, comparison: dict) -> dict:
-    """One candidate's verdict in one repetition and the figures behind it: the clearly-outside counts, each side's
-    score z on its own and their difference, and the sampler/trainer mismatch where the backend reports its own
-    log-probabilities (a faulty sampler's is larger when it draws from the distribution it was set to): NeMo-RL's
-    token_mult_prob_error, the signed mean difference, and the sampler's sureness where the settings leave a choice
-    (sure, of positions: scoring.mismatch_figures)."""
+    """One candidate's verdict in one repetition and the figures behind it: per test its verdict; the outside count
+    and score z (on its own logits where it reported them, else against the reference's: [candidate, reference]),
+    the score's difference and margins, the numerics (mean |logp difference|, candidate's and reference's, and the
+    bound), and where a backend returned processed log-probabilities only, their mismatch figures
+    (scoring.mismatch_figures)."""
     tests = comparison["tests"]
+    support, score, numerics = tests["support"], tests["score"], tests.get("numerics") or {}
     mismatch = {side: None if not m else [m.get(key) for key in ("token_mult_prob_error", "mean_logp_diff",
                                                                  "sampler_sure", "unsure_positions")]
                 for side, m in comparison["mismatch"].items()}
-    return {"rep": rep, "candidate": name, "verdict": comparison["verdict"],
-            "outside": [tests["support"]["candidate_outside"], tests["support"]["reference_outside"]],
-            "score_z": [tests["score"]["candidate_z"], tests["score"]["reference_z"]],
-            "score_difference": tests["score"]["difference"], "score_margins": tests["score"]["margins"],
+    return {"rep": rep, "candidate": name, "verdict": comparison["verdict"], "exact": bool(support.get("exact")),
+            "tests": {test: found["verdict"] for test, found in tests.items()},
+            "outside": [support["candidate_outside"], support.get("reference_outside")],
+            "score_z": [score["candidate_z"], score.get("reference_z")],
+            "score_difference": score["difference"], "score_margins": score["margins"],
+            "numerics": [numerics.get("candidate_mean"), numerics.get("reference_mean"), numerics.get("bound")],
             "tokens": [comparison["tokens"]["candidate"], comparison["tokens"]["reference"]],
             "mismatch": [mismatch["candidate"], mismatch["reference"]]}
 

@@ -147,24 +147,27 @@ def test_a_sampling_fault_put_into_a_shared_trainer_goes_out_with_its_block():
         assert trainer.vllm_generation.top_k == -1
         raise RuntimeError("inside")
     assert vars(trainer.vllm_generation) == {"temperature": 0.1, "top_k": 5, "min_p": 0.5}
-    with pytest.raises(ValueError, match="only the sampling faults"), faults.sampling_fault(trainer, "no_kl"):
+    with pytest.raises(ValueError, match="only the rollout faults"), faults.sampling_fault(trainer, "no_kl"):
         pass
 
 
 HOT = (18, 19, 20)  # seeds of the native decoder run hot (temperature_up)
 
 
-# The report this module judges: the control and every named sampling fault as candidates (two tests each)
-FAMILY = 2 * (1 + len(faults.SAMPLING))
+# The report this module judges: the control and every named sampling fault as candidates (support, score and
+# numerics each)
+FAMILY = 3 * (1 + len(faults.SAMPLING))
 
 
 def stated_powers(reference: dict) -> dict:
-    """What the reference's check states it detects, per named fault, in the report's family."""
+    """What the reference's check states it detects, per named fault, in the report's family: on its own logits
+    (hf reports them: its sampler is judged on them alone)."""
     from grpo_equivalence.checks import power
 
     tokens = sum(c["tokens"] for c in reference["completions"])
-    return {row["fault"]: row for row in power.statements(reference["profile"], tokens, alpha=0.05, family=FAMILY,
-                                                          paired=power.paired_rates(reference["completions"], 0.1))}
+    return {row["fault"]: row for row in power.statements(reference["own_profile"], tokens, alpha=0.05, family=FAMILY,
+                                                          paired=power.paired_rates(reference["completions"], 0.1),
+                                                          one_sample=True)}
 
 
 def near_certain(stated: dict) -> list[str]:
@@ -208,7 +211,7 @@ def test_the_rollout_check_catches_every_sampling_fault_it_states_it_detects_and
     reference = checks[("hf", 11)]
     stated = stated_powers(reference)
     sure = near_certain(stated)
-    assert {"no_min_p", "no_top_k"} <= set(sure) and stated["temperature_up"]["power"] > 0.8, stated
+    assert {"no_min_p", "no_top_k", "drop_weakest"} <= set(sure) and stated["temperature_up"]["power"] > 0.8, stated
     others = [checks[("hf", 12)], *[checks[(f"hf+{f}", 13 + faults.SAMPLING.index(f))] for f in sure]]
     comparisons = [rollout_verdict.compare(reference, other, alpha=0.05, support_margin=0.001, margin_sd=0.1)
                    for other in others]
@@ -247,9 +250,11 @@ def test_the_native_decoder_samples_as_hf_and_the_check_catches_it_running_hot(c
 def test_scoring_passes_keep_a_real_vocabularys_logits_small():
     """A pass scores at most SCORE_BATCH completions, and fewer where one float32 copy of their logits would pass
     SCORE_BYTES: at Qwen3's vocabulary and 640 tokens, 2 (32 would be 12 GB a copy)."""
-    assert rollout.score_batch(40, 103) == rollout.SCORE_BATCH
-    assert rollout.score_batch(640, 151936) == 2
-    assert rollout.score_batch(100_000, 151936) == 1
+    from grpo_equivalence.checks import rollout_scoring
+
+    assert rollout_scoring.score_batch(40, 103) == rollout_scoring.SCORE_BATCH
+    assert rollout_scoring.score_batch(640, 151936) == 2
+    assert rollout_scoring.score_batch(100_000, 151936) == 1
 
 
 @pytest.mark.parametrize("settings", [SETTINGS, {"temperature": 0.1, "top_k": 5, "top_p": 0.97, "min_p": 0.5},
@@ -307,8 +312,10 @@ def test_checks_sharing_a_session_sample_as_checks_of_their_own(primed, tiny_stu
 @pytest.mark.workflow
 def test_a_backend_whose_sampler_filters_in_another_order_is_named_with_the_order(checks):
     """vLLM applies min_p before top_k and top_p, transformers after: the check records each sampler's order, and
-    the report names a backend whose order is not the one scored, with what to set. (vLLM cannot run here: a
-    stand-in, hf's second check relabelled as trl_vllm with vLLM's order, shows how the report treats one.)"""
+    the report names a backend judged with the trainer's logits (it reports none of its sampler's) whose order is
+    not the one those were scored in, with what to set; a backend judged on its own logits is scored in its own
+    order. (Unsloth's vLLM cannot run here: a stand-in, hf's second check relabelled as vllm with vLLM's order and
+    without its own logits, shows how the report treats one.)"""
     import copy
 
     from grpo_equivalence.report import sections
@@ -316,13 +323,16 @@ def test_a_backend_whose_sampler_filters_in_another_order_is_named_with_the_orde
 
     assert backends.get("trl_vllm+no_min_p").sampler_order == backends.get("vllm").sampler_order == "vllm"
     assert backends.get("hf").sampler_order == "transformers" and checks[("hf", 11)]["sampler_order"] == "transformers"
-    stand_in = {**copy.deepcopy(checks[("hf", 12)]), "backend": "trl_vllm", "sampler_order": "vllm"}
+    assert checks[("hf", 11)]["own_order"] == "transformers" and backends.get("vllm").sampler_logits is None
+    stand_in = {**copy.deepcopy(checks[("hf", 12)]), "backend": "vllm", "sampler_order": "vllm",
+                "sampler_logits": None}
     section = sections.rollout_section([checks[("hf", 11)], stand_in], "hf")
-    assert section["other_order"] == [("trl_vllm", "vllm")]
+    assert section["other_order"] == [("vllm", "vllm")] and section["unreported"] == ["vllm"]
     text = _rollout_text(section)
-    assert "**Filter order, trl_vllm**: its sampler applies the filters in vLLM's order" in text
+    assert "**Filter order, vllm**: its sampler applies the filters in vLLM's order" in text
     assert "`rollout_check.order: vllm` checks it in its own" in text and "Filter order, hf" not in text
-    scored_as_vllm = [{**c, "order": "vllm"} for c in (checks[("hf", 11)], stand_in)]
+    assert "vllm reports no logits of its sampler" in text
+    scored_as_vllm = [{**c, "order": "vllm", "sampler_logits": None} for c in (checks[("hf", 11)], stand_in)]
     assert sections.rollout_section(scored_as_vllm, "hf")["other_order"] == [("hf", "transformers")]
 
 
@@ -341,26 +351,30 @@ def _rollout_text(section: dict) -> str:
 
 @pytest.mark.workflow
 def test_a_backend_sure_of_its_draws_where_the_settings_leave_a_choice_is_named_with_the_counts(checks):
-    """The mismatch table shows each backend's signed difference and sureness where its check logged them ("not
-    logged" where it has no log-probabilities of its own, as hf), and the report names a backend sure of its draws
-    at 1 % or more of the positions where the settings leave a choice. (vLLM cannot run here: stand-ins, hf's
-    checks with the figures of a sampler that drops tokens, and of one that does not.)"""
+    """A backend that returns its sampler's processed log-probabilities but not its logits: the mismatch table shows
+    its signed difference and sureness (hf, which reports its logits, is not in it), and the report names a backend
+    sure of its draws at 1 % or more of the positions where the settings leave a choice. (vLLM cannot run here:
+    stand-ins, hf's checks without their own logits, with the figures of a sampler that drops tokens, and of one
+    that does not.)"""
     import copy
 
     from grpo_equivalence.report import sections
 
     figures = {"tokens": 1000, "token_mult_prob_error": 1.1, "mean_abs_logp_diff": 0.09, "max_abs_logp_diff": 0.3,
                "mean_logp_diff": 0.0912, "se_logp_diff": 0.0006, "unsure_positions": 900}
-    dropping = {**copy.deepcopy(checks[("hf", 12)]), "backend": "trl_vllm", "mismatch": {**figures, "sampler_sure": 40}}
-    fine = {**copy.deepcopy(checks[("hf", 12)]), "backend": "vllm", "mismatch": {**figures, "sampler_sure": 4}}
+    dropping = {**copy.deepcopy(checks[("hf", 12)]), "backend": "trl_vllm", "mismatch": {**figures, "sampler_sure": 40},
+                "sampler_logits": None}
+    fine = {**copy.deepcopy(checks[("hf", 12)]), "backend": "vllm", "mismatch": {**figures, "sampler_sure": 4},
+            "sampler_logits": None}
     section = sections.rollout_section([checks[("hf", 11)], dropping, fine], "hf")
     assert [d["backend"] for d in section["drops_choices"]] == ["trl_vllm"]
     text = _rollout_text(section)
     assert "**trl_vllm (seed 12) keeps fewer tokens than the settings**: at 40 of the 900 positions" in text
     assert text.count("keeps fewer tokens than the settings**") == 1
-    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    processed = text[text.index("| Backend | Mismatch tokens"):]
+    rows = {line.split("|")[1].strip(): line for line in processed.splitlines() if line.startswith("| ")}
     assert "| 0.0912 (0.0006) | 40 of 900 |" in rows["trl_vllm"] and "| 4 of 900 |" in rows["vllm"]
-    assert rows["hf"].endswith("not logged | not logged | not logged | not logged | not logged |")
+    assert "hf" not in rows
 
 
 def _truncating(processed):

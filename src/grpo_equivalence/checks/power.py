@@ -20,8 +20,13 @@ A fault whose total variation from q is below NO_EFFECT per token cannot change 
 position moves, no token it draws is clearly outside) cannot be told from rounding at this precision: both are
 named as such, never counted as misses.
 
-The plan: the tokens that detect every detectable fault and confirm a correct sampler, each with TARGET power.
-TARGET is 90 %, not 80 %: a fault planned at 80 % is caught in 16 or more of 20 repetitions only 63 % of the time.
+Where the backend reported the logits its sampler drew from (grpo_equivalence.checks.exact), its tests are one-sample,
+against the settings applied to those logits (one_sample): the score's mean is 0 and its variance known under correct
+sampling, and a correct sampler draws no token outside the support at all, so a single one is divergent.
+
+The plan: the tokens that detect every detectable fault with TARGET power and confirm a correct sampler with
+CONFIRM_TARGET. TARGET is 99 %: a fault planned at 90 % is caught in 19 or more of 20 repetitions only 39 % of the time,
+at 99 % 98 % of the time; a correct sampler planned at 95 % is confirmed in 18 or more of 20 92 % of the time.
 A rollout-check job samples rounds until its tokens reach the plan re-estimated from all rounds so far, or the
 study's cap (rollout_check.max_rounds). The plan depends on the scorer's variances and the faults' shifts, never
 on the score's value nor on any difference between backends (the paired tests' variances are the check's own,
@@ -33,7 +38,8 @@ import math
 import statistics
 from statistics import NormalDist
 
-TARGET = 0.9  # the power the plan aims for, for each detectable fault and for confirming a correct sampler
+TARGET = 0.99  # the power the plan aims for, for each detectable fault
+CONFIRM_TARGET = 0.95  # ... and for confirming a correct sampler
 NO_EFFECT = 1e-6  # total variation per token below which a fault changes nothing at these settings
 DETECTABLE, NO_CHANGE, ROUNDING_ONLY = "detectable", "no effect", "only where rounding decides"
 _MOST = 10 ** 12  # tokens beyond which the plan says "not reachable"
@@ -98,18 +104,25 @@ def _support_count(reference: int, level: float) -> int:
     return high
 
 
-def detection_power(rates: dict, fault: str, tokens: int, level: float) -> float:
-    """The chance that `fault` is called divergent with `tokens` sampled by it and by the reference."""
+def detection_power(rates: dict, fault: str, tokens: int, level: float, one_sample: bool = False) -> float:
+    """The chance that `fault` is called divergent with `tokens` sampled by it and by the reference (`one_sample`:
+    by it alone, judged on its own logits)."""
     from scipy.special import pdtrc
 
     effect = rates["effects"][fault]
     positions = tokens * rates["scored_share"]
     score = 0.0
-    spread = rates["null_variance"] + effect["variance"]
-    if positions > 0 and spread > 0 and effect["shift"] != 0:
-        norm, crit = NORMAL, NORMAL.inv_cdf(1 - level / 2)
-        ratio = abs(effect["shift"]) / math.sqrt(spread / positions)
-        score = float(norm.cdf(ratio - crit) + norm.cdf(-ratio - crit))
+    crit = NORMAL.inv_cdf(1 - level / 2)
+    if one_sample and positions > 0 and rates["null_variance"] > 0 and effect["shift"] != 0:
+        # z = S / sqrt(n v0), S ~ N(n shift, n v_fault): z ~ N(sqrt(n) shift / sqrt(v0), v_fault / v0)
+        mean = math.sqrt(positions) * effect["shift"] / math.sqrt(rates["null_variance"])
+        sd = math.sqrt(max(effect["variance"], 1e-300) / rates["null_variance"])
+        score = float(NORMAL.cdf((mean - crit) / sd) + NORMAL.cdf((-mean - crit) / sd))
+    elif not one_sample and positions > 0 and rates["null_variance"] + effect["variance"] > 0 and effect["shift"]:
+        ratio = abs(effect["shift"]) / math.sqrt((rates["null_variance"] + effect["variance"]) / positions)
+        score = float(NORMAL.cdf(ratio - crit) + NORMAL.cdf(-ratio - crit))
+    if one_sample:  # a correct sampler draws no token outside: one is divergent
+        return 1 - (1 - score) * math.exp(-tokens * effect["outside"])
     reference = round(tokens * rates["outside"])
     expected = tokens * (effect["outside"] + rates["outside"])
     # P(Poisson(expected) >= the critical count)
@@ -151,25 +164,28 @@ def paired_power(rate: dict, tokens: int, alpha: float) -> float:
     return max(0.0, 2 * NORMAL.cdf(rate["margin"] / se - NORMAL.inv_cdf(1 - alpha)) - 1)
 
 
-def equivalence_power(rates: dict, tokens: int, alpha: float, paired: dict | None = None) -> float:
+def equivalence_power(rates: dict, tokens: int, alpha: float, paired: dict | None = None,
+                      one_sample: bool = False) -> float:
     """The chance that a correct sampler is confirmed equivalent with `tokens` from each side: on the score test,
     and on each paired test of `paired` (paired_rates), all at once."""
     both = 1.0
     for rate in (paired or {}).values():
         both *= paired_power(rate, tokens, alpha)
-    return _score_equivalence_power(rates, tokens, alpha) * both
+    return _score_equivalence_power(rates, tokens, alpha, one_sample) * both
 
 
-def _score_equivalence_power(rates: dict, tokens: int, alpha: float) -> float:
+def _score_equivalence_power(rates: dict, tokens: int, alpha: float, one_sample: bool = False) -> float:
     positions = tokens * rates["scored_share"]
     (hot, hot_var), (cold, cold_var) = rates["hot"], rates["cold"]
     if positions <= 0 or rates["null_variance"] <= 0 or hot >= 0 or cold <= 0:
         return 0.0
     norm = NORMAL
     crit = norm.inv_cdf(1 - alpha)
-    se = math.sqrt(2 * rates["null_variance"] / positions)
-    low = hot + crit * math.sqrt((rates["null_variance"] + hot_var) / positions)
-    high = cold - crit * math.sqrt((rates["null_variance"] + cold_var) / positions)
+    # the reference's variance beside the candidate's, unless the candidate is judged on its own logits alone
+    null = 0.0 if one_sample else rates["null_variance"]
+    se = math.sqrt((rates["null_variance"] + null) / positions)
+    low = hot + crit * math.sqrt((null + hot_var) / positions)
+    high = cold - crit * math.sqrt((null + cold_var) / positions)
     return max(0.0, float(norm.cdf(high / se) - norm.cdf(low / se)))
 
 
@@ -186,43 +202,49 @@ def _needed(power, target: float = TARGET) -> int | None:
     return high
 
 
-def kind(rates: dict, fault: str) -> str:
+def kind(rates: dict, fault: str, one_sample: bool = False) -> str:
+    """What a fault can do at these settings: nothing, change only what the rounding decides (never on a sampler's
+    own logits, where nothing is left to the rounding), or something the tests can see."""
     effect = rates["effects"][fault]
     if effect["changed"] < NO_EFFECT:
         return NO_CHANGE
     if effect["outside"] <= 0 and abs(effect["shift"]) < 1e-12:
-        return ROUNDING_ONLY
+        return NO_CHANGE if one_sample else ROUNDING_ONLY
     return DETECTABLE
 
 
-def plan(profile: dict, *, alpha: float, family: int, paired: dict | None = None) -> dict:
+def plan(profile: dict, *, alpha: float, family: int, paired: dict | None = None, one_sample: bool = False) -> dict:
     """Per named fault its kind, the tokens it needs for TARGET power, and the tokens a correct sampler needs to be
-    confirmed equivalent (on the paired tests of `paired` too: paired_rates); `tokens`: the most of these (None
-    where one is not reachable)."""
+    confirmed equivalent with CONFIRM_TARGET (on the paired tests of `paired` too: paired_rates); `tokens`: the most
+    of these (None where one is not reachable). `one_sample`: the sampler judged on its own logits."""
     rates = per_token(profile)
     level = alpha / max(family, 1)
     faults_ = {}
     for fault in profile["effects"]:
-        found = kind(rates, fault)
-        need = _needed(lambda n, f=fault: detection_power(rates, f, n, level)) if found == DETECTABLE else None
+        found = kind(rates, fault, one_sample)
+        need = _needed(lambda n, f=fault: detection_power(rates, f, n, level, one_sample)) if found == DETECTABLE \
+            else None
         faults_[fault] = {"kind": found, "tokens_needed": need, "changed_per_token": rates["effects"][fault]["changed"]}
-    confirm = _needed(lambda n: equivalence_power(rates, n, alpha, paired))
+    confirm = _needed(lambda n: equivalence_power(rates, n, alpha, paired, one_sample), CONFIRM_TARGET)
     needs = [f["tokens_needed"] for f in faults_.values() if f["kind"] == DETECTABLE] + [confirm]
     return {"faults": faults_, "confirm_tokens": confirm, "level": level,
             "tokens": None if None in needs else max(needs, default=0)}
 
 
-def statements(profile: dict, tokens: int, *, alpha: float, family: int, paired: dict | None = None) -> list[dict]:
+def statements(profile: dict, tokens: int, *, alpha: float, family: int, paired: dict | None = None,
+               one_sample: bool = False) -> list[dict]:
     """Per named fault, what the check detects at `tokens` a side: its kind, power and the tokens for TARGET power;
-    and a correct sampler's chance to be confirmed equivalent (on the paired tests of `paired` too)."""
+    and a correct sampler's chance to be confirmed equivalent (on the paired tests of `paired` too), and the tokens
+    for CONFIRM_TARGET."""
     rates = per_token(profile)
-    planned = plan(profile, alpha=alpha, family=family, paired=paired)
+    planned = plan(profile, alpha=alpha, family=family, paired=paired, one_sample=one_sample)
     rows = []
     for fault, found in planned["faults"].items():
-        power = detection_power(rates, fault, tokens, planned["level"]) if found["kind"] == DETECTABLE else None
-        rows.append({"fault": fault, **found, "power": power})
+        power = detection_power(rates, fault, tokens, planned["level"], one_sample) if found["kind"] == DETECTABLE \
+            else None
+        rows.append({"fault": fault, **found, "power": power, "target": TARGET})
     rows.append({"fault": None, "kind": "confirm equivalence", "tokens_needed": planned["confirm_tokens"],
-                 "power": equivalence_power(rates, tokens, alpha, paired), "changed_per_token": 0.0,
-                 "score_power": _score_equivalence_power(rates, tokens, alpha),
+                 "power": equivalence_power(rates, tokens, alpha, paired, one_sample), "changed_per_token": 0.0,
+                 "target": CONFIRM_TARGET, "score_power": _score_equivalence_power(rates, tokens, alpha, one_sample),
                  "paired_power": {key: paired_power(rate, tokens, alpha) for key, rate in (paired or {}).items()}})
     return rows

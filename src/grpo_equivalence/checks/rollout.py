@@ -2,63 +2,35 @@
 
 From one checkpoint (the study's model with a fresh adapter), each backend samples completions for the same
 prompts through its own rollout path (the GRPOTrainer a train job builds, its generation method called as
-training calls it), and the trainer's own forward pass scores every sampled token under the distribution the
-settings define (grpo_equivalence.checks.scoring: outside the support, clearly beyond the rounding, and the score
-log q(x) + H(q) at the positions the rounding does not decide). It samples a round (every prompt,
-num_generations completions each) at a time, and stops once its tokens reach what the check needs to detect the
-named faults and confirm a correct sampler with the power grpo_equivalence.checks.power aims for, or the study's
-cap. Per completion, its length and reward; where the backend reports its own log-probability of the token
-(vLLM), the sampler/trainer mismatch. grpo_equivalence.checks.rollout_verdict judges one backend's file against
-the reference's.
+training calls it). Where the backend reports the logits its sampler drew each token from
+(training.sampler_logits), the settings are applied to those very logits (grpo_equivalence.checks.exact: the
+sampler on its own, exactly, at any temperature and precision), and its raw log-probability of each token is set
+against the trainer's at the same weights (the numerics). For every backend the trainer's own forward pass also
+scores every token under the distribution the settings define (grpo_equivalence.checks.scoring: outside the
+support, clearly beyond the rounding, and the score log q(x) + H(q) at the positions the rounding does not
+decide): the check of a backend that cannot report its logits, judged against the reference's. It samples a round
+(every prompt, num_generations completions each) at a time, and stops once its tokens reach what the check needs to
+detect the named faults and confirm a correct sampler with the power grpo_equivalence.checks.power aims for, or the
+study's cap. Per completion, its length and reward. grpo_equivalence.checks.rollout_verdict judges the files.
 """
 
 import math
-import os
 import time
 from pathlib import Path
 
 from ..analysis import stats
 from ..runtime import environment
 from ..study.config import rollout_check_settings
-from ..training import backends, faults
-from . import power, scoring
+from ..training import backends, faults, sampler_logits
+from . import exact, power, rollout_scoring, scoring
 
 # Sampling settings the intended distribution is built from (the trainer's, read back from its arguments).
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
-SCHEMA_VERSION = 2  # 2: decided positions, two-sided margins, each fault's effect, rounds sampled to a plan
-SCORE_BATCH = 32  # completions per scoring forward pass, at most
-# ... and no more than keep one float32 copy of their logits within this many bytes: scoring holds several copies
-# (the warpers', the alternatives'), which at a real vocabulary (Qwen3's 151,936) and 32 completions of 640 tokens
-# would be 12 GB each
-SCORE_BYTES = 2 ** 30
-
-
-def score_batch(sequence_length: int, vocabulary: int) -> int:
-    """Completions per scoring pass for sequences up to `sequence_length` tokens over `vocabulary` logits."""
-    return max(1, min(SCORE_BATCH, SCORE_BYTES // (4 * max(1, sequence_length) * max(1, vocabulary))))
-
-
+SCHEMA_VERSION = 3  # 3: the sampler's own logits (own_*), the numerics; 2: decided positions, two-sided margins
 def family_size(config: dict) -> int:
-    """The divergence tests a report judges together (rollout_verdict.finalize): support and score of every
-    candidate, the other backends and the reference's control."""
-    return 2 * max(1, len(config.get("backends") or []))
-
-
-def forward_logits(model, records: list[dict], device) -> list:
-    """The model's logits at each completion's positions (predicting each completion token), for a batch of
-    records padded on the right (a causal model's earlier positions never see the padding)."""
-    import torch
-
-    sequences = [r["prompt_ids"] + r["completion_ids"] for r in records]
-    width = max(map(len, sequences))
-    ids = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for i, seq in enumerate(sequences):
-        ids[i, :len(seq)] = torch.tensor(seq, device=device)
-        mask[i, :len(seq)] = 1
-    logits = model(input_ids=ids, attention_mask=mask).logits
-    return [logits[i, len(r["prompt_ids"]) - 1: len(r["prompt_ids"]) + len(r["completion_ids"]) - 1]
-            for i, r in enumerate(records)]
+    """The divergence tests a report judges together (rollout_verdict.finalize), at most: support, score and
+    numerics of every backend, the reference's control and the reference's own sampler."""
+    return 3 * (max(1, len(config.get("backends") or [])) + 1)
 
 
 def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, out: Path, seed: int | None = None,
@@ -108,40 +80,36 @@ def _sample_and_score(built, config: dict, backend_name: str, *, out: Path, seed
         log(f"[{backend_name}] the data set has {count} problems: the check samples all of them")
     rows = [problems[i] for i in range(count)]  # the same prompts, in the same order, for every backend
     rounding = check_settings["tolerance"] or scoring.ROUNDING[config["dtype"]]
-    scorer = _Scorer(trainer, config, sampling, rounding, check_settings)
-    profile = power.empty_profile(faults.SAMPLING)
+    mechanism = backends.get(backend_name).sampler_logits
+    order = check_settings["order"] if mechanism is None else backends.get(backend_name).sampler_order
+    scorer = rollout_scoring.Scorer(trainer, config, sampling, rounding, check_settings, own_order=order)
+    profile, own_profile = power.empty_profile(faults.SAMPLING), power.empty_profile(faults.SAMPLING)
     completions_out, sample_s, rounds = [], 0.0, 0
     log(f"[{backend_name}] sampling rounds of {generations} completions for each of {count} prompts, {per_call} "
         f"prompts a call: at least {check_settings['rounds']}, at most {check_settings['max_rounds']}, until the "
         f"tokens reach the plan")
-    while True:
-        sampled = []
-        for start in range(0, count, per_call):
-            batch = rows[start:start + per_call]
-            prompts = [row["prompt"] for row in batch for _ in range(generations)]
-            t0 = time.perf_counter()
-            output = trainer._generate(prompts)
-            sample_s += time.perf_counter() - t0
-            prompt_ids, completion_ids, completions, logprobs = output[0], output[1], output[3], output[4]
-            inputs = [row for row in batch for _ in range(generations)]
-            total = _rewards(trainer, inputs, prompts, completions, [list(ids) for ids in completion_ids])
-            sampled += [{"prompt": start + i // generations, "prompt_ids": list(prompt_ids[i]),
-                         "completion_ids": list(completion_ids[i]), "reward": total[i],
-                         "sampler_logprobs": None if logprobs is None else [float(v) for v in logprobs[i]]}
-                        for i in range(len(prompts))]
-        log(f"[{backend_name}] round {rounds + 1}: scoring {sum(len(r['completion_ids']) for r in sampled)} tokens")
-        for record, sums, effects in scorer.score(sampled):
-            completions_out.append({"prompt": record["prompt"], "reward": record["reward"], **sums})
-            power.add(profile, sums, effects)
-        rounds += 1
-        planned = power.plan(profile, alpha=alpha, family=family,
-                             paired=power.paired_rates(completions_out, check_settings["margin"]))
-        log(f"[{backend_name}] {profile['tokens']} tokens after {rounds} round(s); the plan: " + (
-            f"{planned['tokens']} tokens" if planned["tokens"] is not None else
-            "none (no size confirms or detects all it should here: more rounds would not change that)"))
-        if rounds >= check_settings["max_rounds"] or (rounds >= check_settings["rounds"] and (
-                planned["tokens"] is None or profile["tokens"] >= planned["tokens"])):
-            break
+    with sampler_logits.recording(trainer, mechanism, sampling) as recorder:
+        while True:
+            sampled = _sample_round(trainer, rows, per_call, generations, recorder)
+            sample_s += sum(r.pop("seconds") for r in sampled)
+            log(f"[{backend_name}] round {rounds + 1}: scoring {sum(len(r['completion_ids']) for r in sampled)} "
+                f"tokens")
+            for record, sums, effects, own_effects in scorer.score(sampled):
+                completions_out.append({"prompt": record["prompt"], "reward": record["reward"], **sums})
+                power.add(profile, sums, effects)
+                if own_effects is not None:
+                    power.add(own_profile, {"tokens": sums["tokens"], **{k[4:]: sums[k] for k in sums
+                                                                           if k.startswith("own_")}}, own_effects)
+            rounds += 1
+            planned = power.plan(own_profile if recorder else profile, alpha=alpha, family=family,
+                                 paired=power.paired_rates(completions_out, check_settings["margin"]),
+                                 one_sample=recorder is not None)
+            log(f"[{backend_name}] {profile['tokens']} tokens after {rounds} round(s); the plan: " + (
+                f"{planned['tokens']} tokens" if planned["tokens"] is not None else
+                "none (no size confirms or detects all it should here: more rounds would not change that)"))
+            if rounds >= check_settings["max_rounds"] or (rounds >= check_settings["rounds"] and (
+                    planned["tokens"] is None or profile["tokens"] >= planned["tokens"])):
+                break
     warnings = [w for w in built.warned.records() if (w["source"], w["message"]) not in earlier]
     result = {
         "schema_version": SCHEMA_VERSION,
@@ -156,17 +124,23 @@ def _sample_and_score(built, config: dict, backend_name: str, *, out: Path, seed
         "temperature_margin": check_settings["temperature_margin"],
         "order": check_settings["order"],
         "sampler_order": backends.get(backend_name).sampler_order,  # the filters' order its sampler applies
+        # how the backend reported the logits its sampler drew from (None: it cannot; own_* are then absent)
+        "sampler_logits": mechanism,
+        "own_order": order if mechanism else None,  # the order the own view was scored in: the sampler's
         "prompts": count,
         "generations": generations * rounds,
         "rounds": rounds,
         "max_rounds": check_settings["max_rounds"],
         "profile": profile,
+        "own_profile": own_profile if mechanism else None,
         "plan": planned,
         "rollout_settings": built.rollout_settings + [c for c in changed if c not in built.rollout_settings],
         "sample_s": sample_s,
         "wall_s": time.perf_counter() - began,
         "completions": completions_out,
-        # exp(|sampler logp - trainer logp|) per token, as NeMo-RL's token_mult_prob_error; null: not reported
+        # the sampler's raw log-probabilities against the trainer's (exact.numerics_figures); null: not reported
+        "numerics": exact.numerics_figures(completions_out),
+        # a backend's processed log-probabilities (vLLM's, without raw logits) against the settings' (scoring)
         "mismatch": scoring.mismatch_figures(scorer.mismatch, scorer.sure) if scorer.mismatch else None,
         "warnings": warnings,
         "environment": environment.describe(),
@@ -174,6 +148,30 @@ def _sample_and_score(built, config: dict, backend_name: str, *, out: Path, seed
     stats.write_json(out, result)
     log(f"[{backend_name}] {len(completions_out)} completions, {profile['tokens']} tokens -> {out}")
     return result
+
+
+def _sample_round(trainer, rows: list, per_call: int, generations: int, recorder) -> list[dict]:
+    """Every prompt of `rows` sampled num_generations times through the trainer's own generation, per_call prompts
+    a call: per completion its prompt, tokens, reward, the sampler's log-probabilities where the trainer returns
+    them, the logits its sampler drew from where the backend reports them (`view`), and the call's seconds (once)."""
+    sampled = []
+    for start in range(0, len(rows), per_call):
+        batch = rows[start:start + per_call]
+        prompts = [row["prompt"] for row in batch for _ in range(generations)]
+        t0 = time.perf_counter()
+        output = trainer._generate(prompts)
+        seconds = time.perf_counter() - t0
+        prompt_ids, completion_ids, completions, logprobs = output[0], output[1], output[3], output[4]
+        views = recorder.take([list(ids) for ids in completion_ids]) if recorder is not None else None
+        inputs = [row for row in batch for _ in range(generations)]
+        total = _rewards(trainer, inputs, prompts, completions, [list(ids) for ids in completion_ids])
+        sampled += [{"prompt": start + i // generations, "prompt_ids": list(prompt_ids[i]),
+                     "completion_ids": list(completion_ids[i]), "reward": total[i], "seconds": seconds if i == 0 else 0,
+                     # processed log-probabilities (vLLM's) are the settings' check where no raw logits are
+                     "sampler_logprobs": None if logprobs is None or views is not None else [float(v) for v in
+                                                                                           logprobs[i]],
+                     "view": None if views is None else views[i]} for i in range(len(prompts))]
+    return sampled
 
 
 def _rewards(trainer, inputs: list[dict], prompts, completions, completion_ids) -> list[float]:
@@ -188,60 +186,12 @@ def _rewards(trainer, inputs: list[dict], prompts, completions, completion_ids) 
     return [float(value) for value in total]
 
 
-class _Scorer:
-    """The trainer's own model and adapter, evaluated as it computes log-probabilities (its dtype), scoring sampled
-    records in batches (scoring.score_tokens)."""
-
-    def __init__(self, trainer, config: dict, sampling: dict, rounding: float, check_settings: dict):
-        self.model, self.config, self.sampling, self.rounding = trainer.model, config, sampling, rounding
-        self.margin, self.order = check_settings["temperature_margin"], check_settings["order"]
-        self.mismatch: list[float] = []
-        self.sure: list[bool] = []  # scoring.per_token_agreement's
-
-    def score(self, sampled: list[dict]):
-        """(record, completion sums, fault effect sums) per record, in order."""
-        import torch
-
-        model = self.model
-        was_training = model.training
-        model.eval()
-        os.environ["UNSLOTH_RETURN_LOGITS"] = "1"  # Unsloth's forward returns no logits in training otherwise
-        device = next(model.parameters()).device
-        autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if (
-            device.type == "cuda" and self.config["dtype"] == "bfloat16") else torch.autocast("cpu", enabled=False)
-        per_pass = score_batch(max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in sampled),
-                               model.config.vocab_size)
-        try:
-            with torch.no_grad(), autocast:
-                for start in range(0, len(sampled), per_pass):
-                    batch = [r for r in sampled[start:start + per_pass] if r["completion_ids"]]
-                    joined = scoring.score_tokens(torch.cat(forward_logits(model, batch, device)), torch.tensor(
-                        [t for r in batch for t in r["completion_ids"]], device=device), self.sampling,
-                        rounding=self.rounding, margin=self.margin, order=self.order) if batch else {}
-                    offset = 0
-                    for record in sampled[start:start + per_pass]:
-                        end = offset + len(record["completion_ids"])
-                        scored = _slice(joined, offset, end)
-                        offset = end
-                        if record["sampler_logprobs"] is not None and record["completion_ids"]:
-                            differences, sure = scoring.per_token_agreement(record["sampler_logprobs"], scored)
-                            self.mismatch += differences
-                            self.sure += sure
-                        yield record, scoring.completion_sums(scored), scoring.effect_sums(scored)
-        finally:
-            model.train(was_training)
-
-
-def _slice(joined: dict, start: int, end: int) -> dict:
-    """One completion's positions of a batch's scored lists (nested per alternative); empty lists for none."""
-    if not joined:
-        return scoring.empty()
-    return {key: _slice(value, start, end) if isinstance(value, dict) else value[start:end]
-            for key, value in joined.items()}
-
-
 COMPLETION_KEYS = ("prompt", "tokens", "reward", "score", "variance", "scored", "decided", "outside", "outside_clear",
                    "hot_shift", "hot_variance", "cold_shift", "cold_variance")
+# ... and where the backend reported its sampler's logits
+OWN_KEYS = ("own_score", "own_variance", "own_scored", "own_decided", "own_outside", "own_outside_clear",
+            "own_unjudged", "own_hot_shift", "own_hot_variance", "own_cold_shift", "own_cold_variance",
+            *exact.NUMERICS_KEYS)
 
 
 def load(path) -> dict:
@@ -258,7 +208,8 @@ def load(path) -> dict:
     for i, completion in enumerate(run["completions"]):
         if completion.get("reward") == "NaN":  # no reward function scored it (TRL's "unscorable"): as written
             completion["reward"] = stats.NON_FINITE["NaN"]
-        bad = [k for k in COMPLETION_KEYS
+        keys = COMPLETION_KEYS + (OWN_KEYS if run.get("sampler_logits") else ())
+        bad = [k for k in keys
                if not isinstance(completion.get(k), (int, float)) or isinstance(completion.get(k), bool)]
         if bad:
             raise stats.StatsError(f"{path}: completion {i} has no number for {', '.join(bad)}; "

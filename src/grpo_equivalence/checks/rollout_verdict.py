@@ -1,6 +1,17 @@
 """Verdicts of the rollout check (grpo_equivalence.checks.rollout): a candidate's sampled and scored completions against
-the reference's, from the same checkpoint and prompts. Four tests, each with a divergence p-value and an
-equivalence test against a margin fixed in advance:
+the reference's, from the same checkpoint and prompts.
+
+Where a backend reported the logits its sampler drew from (grpo_equivalence.checks.exact), its sampler is judged on
+them alone (own_support_test, own_score_test: one-sample, against the settings applied to those very logits, at
+any temperature and precision), the reference's sampler too (own_check), and its numerics against the
+reference's (numerics_test). For a backend that cannot report them, the two tests below compare its tokens,
+scored with the trainer's logits, with the reference's. Five tests, each with a divergence p-value (but the paired
+ones) and an equivalence test against a margin fixed in advance:
+
+- numerics: the mean |sampler - trainer| raw log-probability of a drawn token (exact.numerics_sums), the
+  candidate's against `numerics_ratio` times the reference's plus `numerics_floor` (per dtype: FLOOR), by
+  prompts (the tokens of a prompt's completions are not independent). One-sided: divergent when beyond, equivalent
+  when within, at alpha; a smaller mismatch than the reference's is never a fault.
 
 - support: tokens the study's settings exclude clearly, beyond the rounding band (grpo_equivalence.checks.scoring),
   per token sampled. The candidate's count against the reference's, conditionally on their sum (binomial,
@@ -38,18 +49,17 @@ import statistics
 from ..analysis.sequential import holm
 from ..analysis.stats import StatsError
 from ..analysis.verdict import DIVERGENT, EQUIVALENT, INCONCLUSIVE
+from .own_verdict import FLOOR, NUMERICS_RATIO, _factor, _z, numerics_test, own_check, own_score_test, \
+    own_support_test, own_totals
 from .power import PAIRED_FIELDS
 
-TESTS = ("support", "score", "completion_length", "reward")
+__all__ = ["own_check", "compare", "finalize", "TESTS", "DIVERGENCE_TESTS", "NO_VARIATION", "NOT_REPORTED"]
+
+TESTS = ("support", "score", "numerics", "completion_length", "reward")
 NO_VARIATION = "no variation"  # a paired test where every completion of both backends had the same value
-DIVERGENCE_TESTS = ("support", "score")  # the others are equivalence tests only
-CONFIRM_POWER = 0.9  # the chance of confirming equivalence, if it holds, that the advice on more samples aims for
+NOT_REPORTED = "not reported"  # numerics where a side reported no logits of its sampler
+DIVERGENCE_TESTS = ("support", "score", "numerics")  # the others are equivalence tests only
 
-
-def _z(p: float) -> float:
-    from scipy.stats import norm
-
-    return float(norm.ppf(p))
 
 
 def totals(run: dict) -> dict:
@@ -160,16 +170,11 @@ def paired_test(ref: dict, cand: dict, key: str, *, alpha: float, margin_sd: flo
     return result
 
 
-def _factor(se: float, margin: float, alpha: float) -> float:
-    """How many times the samples would make two alike samplers pass the equivalence test CONFIRM_POWER of the time."""
-    if margin <= 0:
-        return math.inf
-    target = margin / (_z(1 - alpha) + _z(0.5 + CONFIRM_POWER / 2))
-    return max(1.0, (se / target) ** 2)
-
-
-def compare(reference: dict, candidate: dict, *, alpha: float, support_margin: float, margin_sd: float) -> dict:
-    """The tests of one candidate's rollout-check file against the reference's, before the family's correction."""
+def compare(reference: dict, candidate: dict, *, alpha: float, support_margin: float, margin_sd: float,
+            numerics_ratio: float = NUMERICS_RATIO, numerics_floor: float | None = None) -> dict:
+    """The tests of one candidate's rollout-check file against the reference's, before the family's correction: its
+    sampler on its own logits where it reported them (else against the reference's, both scored by the trainer),
+    its numerics against the reference's, and the paired tests."""
     if reference.get("order", "transformers") != candidate.get("order", "transformers"):
         raise StatsError(f"the rollout checks of {reference['backend']} and {candidate['backend']} scored with different "
                          f"filter orders; rerun both with one rollout_check.order")
@@ -178,21 +183,32 @@ def compare(reference: dict, candidate: dict, *, alpha: float, support_margin: f
             raise StatsError(f"the rollout checks of {reference['backend']} and {candidate['backend']} used different "
                              f"sampling settings ({reference['sampling']} vs {candidate['sampling']}); rerun both")
     ref, cand = totals(reference), totals(candidate)
+    if candidate.get("sampler_logits"):
+        own = own_totals(candidate)
+        sampler = {"support": own_support_test(own, alpha=alpha, margin=support_margin),
+                   "score": own_score_test(own, alpha=alpha)}
+    else:
+        sampler = {"support": support_test(ref, cand, alpha=alpha, margin=support_margin),
+                   "score": score_test(ref, cand, alpha=alpha)}
+    floor = FLOOR.get(candidate.get("dtype"), FLOOR["bfloat16"]) if numerics_floor is None else numerics_floor
     tests = {
-        "support": support_test(ref, cand, alpha=alpha, margin=support_margin),
-        "score": score_test(ref, cand, alpha=alpha),
+        **sampler,
+        "numerics": numerics_test(reference, candidate, alpha=alpha, ratio=numerics_ratio, floor=floor),
         **{key: paired_test(ref, cand, key, alpha=alpha, margin_sd=margin_sd) for key in ("completion_length", "reward")},
     }
     return {"reference": reference["backend"], "candidate": candidate["backend"], "reference_seed": reference["seed"],
             "candidate_seed": candidate["seed"], "alpha": alpha, "tokens": {"reference": ref["tokens"],
             "candidate": cand["tokens"]}, "completions": {"reference": ref["completions"], "candidate": cand["completions"]},
             "mismatch": {"reference": reference.get("mismatch"), "candidate": candidate.get("mismatch")},
+            "numerics": {"reference": reference.get("numerics"), "candidate": candidate.get("numerics")},
             "fault": candidate.get("fault"), "tests": tests}
 
 
 def finalize(comparisons: list[dict], alpha: float) -> list[dict]:
-    """Verdicts for comparisons judged together: Holm over all their tests, then per test and per candidate."""
-    flat = [(c, name) for c in comparisons for name in DIVERGENCE_TESTS]
+    """Verdicts for comparisons judged together: Holm over all their tests, then per test and per candidate. A
+    numerics test a side reported nothing for is left out ("not reported"), as a test with no variation is."""
+    flat = [(c, name) for c in comparisons for name in DIVERGENCE_TESTS
+            if name in c["tests"] and not c["tests"][name].get("not_reported")]
     rejected = holm([c["tests"][name]["p_value"] for c, name in flat], alpha)
     for (comparison, name), divergent in zip(flat, rejected, strict=True):
         test = comparison["tests"][name]
@@ -202,13 +218,15 @@ def finalize(comparisons: list[dict], alpha: float) -> list[dict]:
         if test.get("no_variation") and test["verdict"] != DIVERGENT:
             test["verdict"] = NO_VARIATION
     for comparison in comparisons:
-        for name in set(TESTS) - set(DIVERGENCE_TESTS):
-            test = comparison["tests"][name]
-            test["verdict"] = (NO_VARIATION if test.get("no_variation") else EQUIVALENT if test["equivalent"]
-                               else INCONCLUSIVE)
+        for name, test in comparison["tests"].items():
+            if test.get("not_reported"):
+                test["verdict"] = NOT_REPORTED
+            elif name not in DIVERGENCE_TESTS:
+                test["verdict"] = (NO_VARIATION if test.get("no_variation") else EQUIVALENT if test["equivalent"]
+                                   else INCONCLUSIVE)
     for comparison in comparisons:
-        verdicts = [comparison["tests"][name]["verdict"] for name in TESTS
-                    if comparison["tests"][name]["verdict"] != NO_VARIATION]
+        verdicts = [test["verdict"] for test in comparison["tests"].values()
+                    if test["verdict"] not in (NO_VARIATION, NOT_REPORTED)]
         comparison["family_size"] = len(flat)
         comparison["verdict"] = (DIVERGENT if DIVERGENT in verdicts else EQUIVALENT if set(verdicts) == {EQUIVALENT}
                                  else INCONCLUSIVE)
@@ -216,7 +234,7 @@ def finalize(comparisons: list[dict], alpha: float) -> list[dict]:
             # the score is what sees a sampler's temperature: without it, equivalence is not shown, only unrefuted
             comparison["verdict"] = INCONCLUSIVE
             comparison["reason"] = "the score test has no position the rounding does not decide"
-        open_tests = [comparison["tests"][n] for n in TESTS if comparison["tests"][n]["verdict"] == INCONCLUSIVE]
+        open_tests = [t for t in comparison["tests"].values() if t["verdict"] == INCONCLUSIVE]
         factor = max((t.get("needed_factor", 1.0) for t in open_tests), default=None)
         comparison["needed_completions"] = (math.ceil(factor * comparison["completions"]["candidate"])
                                             if factor is not None and math.isfinite(factor) else None)

@@ -27,7 +27,7 @@ these grpo_equivalence.checks.power states what the check can detect at the stud
 
 import math
 
-from ..training import faults
+from ..training import faults, vllm_kernel
 
 # Relative rounding tolerance of the logits in each dtype: bfloat16 keeps 8 significant bits (a rounding step is
 # 2^-8 to 2^-7 of the value), float16 11; float32's kernels differ by far more than its own step (accumulation
@@ -80,6 +80,20 @@ def alternatives(settings: dict, margin: float) -> dict:
 NARROW = 512
 
 
+def filtered(settings: dict, order: str, values, dummy=None):
+    """`values` (rows of logits) through the settings' temperature and filters in `order`, and, for a sampler with
+    drop_weakest's rule among its settings (faults.sampler_settings), vLLM 0.26's kernel's rule after them."""
+    import torch
+
+    dummy = torch.zeros((values.shape[0], 1), dtype=torch.long, device=values.device) if dummy is None else dummy
+    kept = processors(settings, order)(dummy, values.clone())
+    if settings.get(faults.RULE) != faults.DROP_WEAKEST:
+        return kept
+    candidates = processors({**settings, "top_p": None}, order)(dummy, values.clone())
+    survivors = torch.isfinite(processors({**settings, "top_k": None, "top_p": None}, order)(dummy, values.clone()))
+    return vllm_kernel.drop_weakest(candidates, kept, survivors.sum(-1), settings.get("top_k"), settings.get("top_p"))
+
+
 def score_tokens(logits, tokens, settings: dict, *, rounding: float, margin: float,
                  order: str = "transformers") -> dict:
     """Per position of `logits` (T, V) as the scorer's model gives them for predicting `tokens` (T,): lists of
@@ -125,10 +139,12 @@ def _as_lists(scored: dict) -> dict:
     return {key: _as_lists(value) if isinstance(value, dict) else value.tolist() for key, value in scored.items()}
 
 
-def _score(logits, tokens, settings: dict, rounding: float, margin: float, order: str, rest):
+def _score(logits, tokens, settings: dict, rounding: float, margin: float, order: str, rest,
+           settings_only: bool = False):
     """score_tokens' quantities as tensors, and per position whether they are exact: with `rest` (a function of
     the temperature) the logits are a narrowed set and every sampler's filters also see the rest of the vocabulary
-    as one more token; a position is exact unless some filter keeps that token."""
+    as one more token; a position is exact unless some filter keeps that token (`settings_only`: unless the
+    settings' own filters keep it; the alternatives' figures there are then approximate)."""
     import torch
 
     rows = torch.arange(len(tokens), device=logits.device)
@@ -138,11 +154,12 @@ def _score(logits, tokens, settings: dict, rounding: float, margin: float, order
     def apply(chain_settings: dict, values):
         """The settings' filters on `values` (a copy), with the rest of the vocabulary beside them if narrowed."""
         nonlocal exact
-        chain = processors(chain_settings, order)
         if rest is None:
-            return chain(dummy, values.clone())
-        widened = chain(dummy, torch.cat([values, rest(chain_settings.get("temperature") or 1.0)[:, None]], -1))
-        exact &= ~torch.isfinite(widened[:, -1])
+            return filtered(chain_settings, order, values, dummy)
+        widened = filtered(chain_settings, order, torch.cat(
+            [values, rest(chain_settings.get("temperature") or 1.0)[:, None]], -1), dummy)
+        if not settings_only or chain_settings is settings:
+            exact &= ~torch.isfinite(widened[:, -1])
         return widened[:, :-1]
 
     def kept(values):
@@ -158,7 +175,8 @@ def _score(logits, tokens, settings: dict, rounding: float, margin: float, order
     band = rounding * logits.amax(-1).abs().clamp_min(1.0)
     raised = logits.clone()
     raised[rows, tokens] += band
-    clear = ~kept(raised)[rows, tokens]
+    # outside, and still outside raised (with a tie at top_k, raising a token can push it out of top_p's nucleus)
+    clear = ~keep[rows, tokens] & ~kept(raised)[rows, tokens]
     # decided: the boundary tokens moved by the band leave the support as it is
     weakest = torch.where(keep, logits, torch.full_like(logits, float("inf"))).argmin(-1)
     lowered = logits.clone()

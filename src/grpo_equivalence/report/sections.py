@@ -10,10 +10,7 @@ from ..analysis import runs as run_files
 from ..analysis import stats as stats_io
 from ..analysis import verdict
 from ..analysis.compare import compare, join_family
-from ..checks import rollout as rollout_files
-from ..checks import power, rollout_verdict, scoring
-from ..training import faults
-from ..study.config import rollout_check_settings
+from .rollout import drops_choices, rollout_from_dir, rollout_section  # noqa: F401 (the report's sections, here)
 
 # A warning that names a sampling setting: the backend may not sample as the study asked, so its
 # differences may come from that setting rather than from its rollout engine. Not inside a snake_case name:
@@ -170,69 +167,6 @@ def differing_settings(runs: list[dict]) -> list[dict]:
             expected = key in rollout or (key.startswith("generation") and len(present) <= 1)
             rows.append({"setting": key, "values": values, "rollout": expected})
     return sorted(rows, key=lambda row: (row["rollout"], row["setting"]))
-
-
-def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdict.ALPHA, settings: dict | None = None) -> dict | None:
-    """The rollout check's verdicts: every candidate's file against the reference's at the study's seed, and the
-    reference at another seed against it (the control), judged together (rollout_verdict). None: no checks."""
-    if not checks:
-        return None
-    settings = rollout_check_settings(settings)
-    references = sorted((c for c in checks if c["backend"] == reference), key=lambda c: c["seed"])
-    if not references:
-        raise stats_io.StatsError(f"no rollout check of the reference {reference!r}; backends checked: "
-                                  f"{sorted({c['backend'] for c in checks})}")
-    base = references[0]
-    others = sorted((c for c in checks if c["backend"] != reference), key=lambda c: c["backend"]) + references[1:]
-    comparisons = [rollout_verdict.compare(base, other, alpha=alpha, support_margin=settings["support_margin"],
-                                           margin_sd=settings["margin"]) for other in others]
-    for comparison, other in zip(comparisons, others, strict=True):
-        comparison["control"] = other["backend"] == reference
-        comparison["label"] = f"{reference} (seed {other['seed']})" if comparison["control"] else other["backend"]
-    rollout_verdict.finalize(comparisons, alpha)
-    tokens = sum(x["tokens"] for x in base["completions"])
-    return {"power": power.statements(base["profile"], tokens, alpha=alpha, family=comparisons[0]["family_size"],
-                                      paired=power.paired_rates(base["completions"], settings["margin"])),
-            "power_tokens": tokens, "power_target": power.TARGET, "rounds": base["rounds"], "max_rounds": base["max_rounds"], "dtype": base["dtype"],
-            "faults": faults.FAULTS, "reference": reference, "reference_seed": base["seed"], "comparisons": comparisons,
-            "tests": rollout_verdict.TESTS, "settings": settings, "sampling": base["sampling"],
-            "prompts": base["prompts"], "generations": base["generations"], "tolerance": base["tolerance"],
-            "temperature_margin": base["temperature_margin"], "order": base.get("order", "transformers"),
-            # backends whose sampler applies the filters in another order than the one scored: where top_p binds
-            # they keep other tokens from the same settings, which this check then reports as theirs
-            "other_order": sorted({c["backend"]: c["sampler_order"] for c in [base, *others]
-                                   if c.get("sampler_order") not in (None, base.get("order", "transformers"))}.items()),
-            "own": [{"backend": c["backend"], "seed": c["seed"], "tokens": sum(x["tokens"] for x in c["completions"]),
-                     "sample_s": c.get("sample_s"), "mismatch": c.get("mismatch")}
-                    for c in [base, *others]],
-            "drops_choices": drops_choices([base, *others]), "sampler_sure": scoring.SAMPLER_SURE,
-            "settings_unsure": scoring.SETTINGS_UNSURE}
-
-
-# A check whose sampler was sure of its draw at this share of the positions where the settings leave a choice (and at
-# SURE_COUNT of them at least) is named in the report: a correct sampler is almost never sure there
-# (scoring.SAMPLER_SURE); a handful can be the rounding of two kernels at a cold temperature
-SURE_SHARE, SURE_COUNT = 0.01, 5
-
-
-def drops_choices(checks: list[dict]) -> list[dict]:
-    """The checks whose sampler, by its own log-probabilities, kept only the token it drew where the settings keep
-    others, at SURE_SHARE of those positions or more (and SURE_COUNT): the backend, its seed and the counts."""
-    named = []
-    for check in checks:
-        mismatch = check.get("mismatch") or {}
-        sure, unsure = mismatch.get("sampler_sure"), mismatch.get("unsure_positions")
-        if sure is not None and unsure and sure >= max(SURE_COUNT, SURE_SHARE * unsure):
-            named.append({"backend": check["backend"], "seed": check["seed"], "sure": sure, "positions": unsure})
-    return named
-
-
-def rollout_from_dir(folder: Path, reference: str, *, alpha: float = verdict.ALPHA, settings: dict | None = None) -> dict:
-    """rollout_section of the rollout-check files in `folder` (<backend>[_seed<seed>].json, or .json.gz)."""
-    paths = sorted([*Path(folder).glob("*.json"), *Path(folder).glob("*.json.gz")])
-    if not paths:
-        raise FileNotFoundError(f"no rollout-check files (<backend>.json, or .json.gz) in {folder}")
-    return rollout_section([rollout_files.load(p) for p in paths], reference, alpha=alpha, settings=settings)
 
 
 def reference_run(runs: list[dict], reference: str) -> dict:

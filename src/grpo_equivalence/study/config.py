@@ -25,6 +25,11 @@ def with_defaults(name: str, section: dict | None) -> dict:
     return {**defaults, **(section or {})}
 
 
+# rollout_check settings only the verdict reads: a rollout-check job does not depend on them (changing one reruns no
+# check, only the report)
+ROLLOUT_VERDICT_ONLY = ("support_margin", "numerics_ratio", "numerics_floor")
+
+
 def rollout_check_settings(section: dict | None) -> dict:
     return with_defaults("rollout_check", section)
 

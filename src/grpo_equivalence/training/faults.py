@@ -8,6 +8,8 @@ vLLM's), never the settings the trainer scores and trains with, which is what a 
 
 import contextlib
 
+from . import vllm_kernel
+
 SEPARATOR = "+"
 # Each fault and what it does
 FAULTS = {
@@ -15,6 +17,10 @@ FAULTS = {
     "temperature_down": "the sampler's temperature x0.9",
     "no_min_p": "the sampler ignores min_p",
     "no_top_k": "the sampler ignores top_k",
+    "drop_weakest": "the sampler drops the weakest token top_p needs where min_p left at most top_k (vLLM 0.26's "
+                    "top-k/top-p kernel, on transformers' generate())",
+    "fp8_rollout": "the rollout's weight matrices quantised to float8 (e4m3, a scale per matrix): a correct sampler "
+                   "on perturbed logits, the numerics fault",
     "stale_policy": "completions sampled from the policy of one step before",
     "bf16_rollout": "adapters rounded to bfloat16 for the rollout",
     "no_kl": "the KL term dropped from the loss (still measured): a trainer-side control",
@@ -23,7 +29,13 @@ FAULTS = {
 TEMPERATURE_FACTOR = {"temperature_up": 1.1, "temperature_down": 0.9}
 # The faults that change what the sampler draws from the same logits, as the settings a faulty sampler uses: the
 # rollout check computes from them what it can detect (grpo_equivalence.checks.power)
-SAMPLING = ("temperature_up", "temperature_down", "no_min_p", "no_top_k")
+SAMPLING = ("temperature_up", "temperature_down", "no_min_p", "no_top_k", "drop_weakest")
+# The faults that change the logits the sampler draws from, not how it draws: its numerics
+NUMERICS = ("fp8_rollout",)
+# Faults a shared session puts in and takes out around one rollout check (sampling_fault)
+ROLLOUT = SAMPLING + NUMERICS
+# The marker of drop_weakest's rule among a sampler's settings (sampler_settings): not a setting of any sampler
+RULE, DROP_WEAKEST = "_rule", "drop_weakest"
 # The sampler setting each sampling fault changes
 SAMPLER_KEY = {"temperature_up": "temperature", "temperature_down": "temperature", "no_min_p": "min_p",
                "no_top_k": "top_k"}
@@ -50,6 +62,8 @@ def sampler_settings(fault: str, settings: dict) -> dict:
         return {**settings, "min_p": None}
     if fault == "no_top_k":
         return {**settings, "top_k": None}
+    if fault == DROP_WEAKEST:
+        return {**settings, RULE: DROP_WEAKEST}
     raise KeyError(f"{fault!r} is not a sampling fault; sampling faults: {', '.join(SAMPLING)}")
 
 
@@ -78,15 +92,26 @@ def _set_sampler(trainer, **values) -> list[str]:
 
 @contextlib.contextmanager
 def sampling_fault(trainer, fault: str | None):
-    """`fault` (a sampling fault, or None for none) in a built trainer's sampler for the block, and the sampler's
-    own settings back after it: several rollout checks then share one trainer, and a vLLM backend one engine
+    """`fault` (a rollout fault, ROLLOUT, or None for none) in a built trainer's rollout for the block, and the
+    rollout as it was back after it: several rollout checks then share one trainer, and a vLLM backend one engine
     (whose start takes longer than the check). Yields what it changed."""
     if fault is None:
         yield []
         return
-    if fault not in SAMPLING:
-        raise ValueError(f"{fault!r} cannot be put into a shared trainer and taken out again; only the sampling "
-                         f"faults can ({', '.join(SAMPLING)}): check a backend with it in a session of its own")
+    if fault not in ROLLOUT:
+        raise ValueError(f"{fault!r} cannot be put into a shared trainer and taken out again; only the rollout faults "
+                         f"can ({', '.join(ROLLOUT)}): check a backend with it in a session of its own")
+    if fault == DROP_WEAKEST:
+        with vllm_kernel.dropping_weakest_in_generate(trainer):
+            yield [f"fault.{fault}"]
+        return
+    if fault in NUMERICS:
+        own = trainer._generate_single_turn
+        try:
+            yield inject(trainer, fault)
+        finally:
+            trainer._generate_single_turn = own
+        return
     key = SAMPLER_KEY[fault]
     holders = [h for h in (getattr(trainer, "vllm_generation", None), getattr(trainer, "generation_config", None))
                if h is not None]
@@ -149,6 +174,42 @@ def _bf16(trainer, params):
     return [p.detach().to(torch.bfloat16).to(p.dtype) for p in params]
 
 
+def fp8(weight):
+    """`weight` quantised to float8 e4m3 with one scale for the matrix (its largest magnitude at e4m3's largest,
+    448), as an FP8 rollout holds it, and back in its own dtype."""
+    import torch
+
+    scale = weight.detach().abs().amax().float().clamp_min(1e-12) / 448.0
+    return ((weight.detach().float() / scale).to(torch.float8_e4m3fn).float() * scale).to(weight.dtype)
+
+
+def _wrap_rollout_matrices(trainer, quantise) -> None:
+    """Around each generation call every weight matrix of the model (the base model's, the adapters', the output
+    layer's) holds quantise(matrix), and its own values after: the rollout's logits perturbed, its sampler as it
+    is. A rollout that keeps a merged copy of the weights (native) or an engine of its own (vLLM) is refused."""
+    import torch
+
+    if getattr(trainer, "vllm_generation", None) is not None:  # its engine loads the weights once a step
+        raise ValueError("fp8_rollout changes the weights the trainer's model holds around each generation call; a "
+                         "vLLM engine holds a copy of its own: use hf, hf_static, cb_paged or native")
+    generate = trainer._generate_single_turn
+
+    def perturbed(*args, **kwargs):
+        matrices = [p for p in trainer.model.parameters() if p.dim() == 2]
+        with torch.no_grad():
+            own = [p.detach().clone() for p in matrices]
+            for p in matrices:
+                p.copy_(quantise(p))
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                for p, w in zip(matrices, own, strict=True):
+                    p.copy_(w)
+
+    trainer._generate_single_turn = perturbed
+
+
 def inject(trainer, fault: str) -> list[str]:
     """Puts `fault` into a built GRPOTrainer; returns what it changed, as the report names settings."""
     check(fault)
@@ -165,6 +226,12 @@ def inject(trainer, fault: str) -> list[str]:
     if fault == "bf16_rollout":
         _wrap_rollout(trainer, _bf16)
         return ["fault.bf16_rollout"]
+    if fault == "fp8_rollout":
+        _wrap_rollout_matrices(trainer, fp8)
+        return ["fault.fp8_rollout"]
+    if fault == DROP_WEAKEST:  # for a whole run: this process's generate() filters so from here on
+        vllm_kernel.install_in_generate(trainer)
+        return [f"fault.{fault}"]
     if fault == "no_kl":
         trainer.beta = NEGLIGIBLE_BETA
         return ["fault.beta"]

@@ -55,6 +55,9 @@ class Backend:
     # The order the backend's sampler applies top_k, top_p and min_p in (scoring.ORDERS): vLLM takes min_p first,
     # transformers last; where top_p binds, the two keep different tokens from the same settings
     sampler_order: str = "transformers"
+    # How the backend reports the logits its sampler drew each token from (training.sampler_logits: "generate",
+    # "native", "vllm"); None: it cannot, and the rollout check scores its tokens with the trainer's logits only
+    sampler_logits: str | None = None
 
     def check_runnable(self, device: str | None) -> None:
         """Raises BackendUnavailable naming what is missing and how to fix it (device None: packages only)."""

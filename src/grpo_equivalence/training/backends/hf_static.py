@@ -30,4 +30,5 @@ BACKEND = StaticCacheCompiled(
     name="hf_static",
     summary="vanilla transformers + PEFT, generate() with a static KV cache and a compiled decode step (CUDA graphs)",
     data_parallel=True,
+    sampler_logits="generate",
 )

@@ -22,6 +22,7 @@ class Native(Backend):
                                "eos_token_ids; this TRL version has not: use trl 1.15 or 1.16")
         check_sampling(generation)  # before the first step: an unsupported setting fails at once
         native = Decoder(trainer.model)
+        trainer.native_decoder = native  # the rollout check records what its sampler draws from
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor holds one
         pad_id = tokenizer.pad_token_id
 
@@ -68,4 +69,5 @@ BACKEND = Native(
     name="native",
     summary="TRL + PEFT, rollout by the project's PyTorch decoder (merged adapters, static KV cache), no vLLM",
     data_parallel=True,
+    sampler_logits="native",
 )

@@ -35,4 +35,5 @@ BACKEND = TRLColocatedVLLM(
     options={**_vllm.OPTIONS, **_vllm.EXACT_TOP_P},
     flags=tuple(_vllm.EXACT_TOP_P),
     sampler_order="vllm",
+    sampler_logits="vllm",
 )

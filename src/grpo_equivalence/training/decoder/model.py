@@ -2,6 +2,7 @@
 which samples completions of left-padded prompts as transformers' generate() does (the package's docstring says
 how)."""
 
+import contextlib
 import time
 from dataclasses import fields
 
@@ -38,6 +39,19 @@ class Decoder:
         self.graphs = device.type == "cuda" and self.compiled
         self._states: dict = {}  # (batch, cache length) -> State, oldest first
         self._project = self._attend = None
+        self.recorder = None  # where a generate() call's steps go (recording)
+        self._recording = None  # the rollout check's Recorder (training.sampler_logits)
+
+    @contextlib.contextmanager
+    def recording(self, recorder):
+        """Every generate() call of the block hands its steps' logits (float32, before the sampler's warpers) and
+        sampled tokens to a new recorder.start(); the decode step runs eagerly meanwhile (the same kernels, compiled
+        where the decoder is, without CUDA graphs, which cannot call back into Python)."""
+        self._recording = recorder
+        try:
+            yield
+        finally:
+            self._recording = None
 
     def version(self) -> tuple:
         return tuple(p._version for p in self.trainable) + tuple(p.data_ptr() for p in self.trainable)
@@ -207,6 +221,7 @@ class Decoder:
         new = generation.max_new_tokens
         s = self._state(b, p + new, generation, eos_ids, pad_id, device, dtype)
         s.start(prompts, p, generator)
+        self.recorder = self._recording.start() if self._recording is not None else None
         tokens = torch.full((b, p), pad_id, dtype=torch.long, device=device)
         for i, prompt in enumerate(prompts):
             tokens[i, p - len(prompt):] = torch.tensor(prompt, device=device)
@@ -226,6 +241,7 @@ class Decoder:
             slot = p + step - 1  # where this step's token goes
             s.step((slot // WINDOW + 1) * WINDOW)
             out[:, step] = s.token
+        self.recorder = None
         completions = []
         for row in out.tolist():
             ends = [i for i, token in enumerate(row) if token in eos_ids]

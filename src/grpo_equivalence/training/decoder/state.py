@@ -39,9 +39,11 @@ class State:
         sampled = torch.where(self.unfinished, sampled, torch.full_like(sampled, self.pad))
         self.token.copy_(sampled)
         self.unfinished.logical_and_(~torch.isin(sampled, self.eos))
+        if self.decoder.recorder is not None:  # what the sampler drew from (training.sampler_logits)
+            self.decoder.recorder.add(logits, sampled)
 
     def step(self, window: int) -> None:
-        if not self.decoder.graphs:
+        if not self.decoder.graphs or self.decoder.recorder is not None:  # a recorder is Python: no graph holds it
             self.decoder._decode(self, window)
             return
         if window not in self.graphs:

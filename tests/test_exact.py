@@ -1,0 +1,128 @@
+"""The sampler judged on the logits it drew from, its numerics apart (grpo_equivalence.checks.exact): on synthetic
+logits whose sampler is known, at temperature 0.1 and 1.0, in float32 and bfloat16; and the logits each CPU backend
+reports are the very ones its sampler drew from."""
+
+import pytest
+
+from grpo_equivalence.checks import power, rollout_verdict, synthetic
+from grpo_equivalence.training import faults
+
+STUDY, TINY = synthetic.STUDY, synthetic.TINY
+# Logits where the settings leave choices that a 10 % temperature error changes: at temperature 0.1 a few leading
+# tokens within a few hundredths of each other (bfloat16 keeps steps of 1/32 at 5), at 1.0 of a few units
+SHAPES = {"T0.1": (STUDY, 0.05, 5.0), "T1.0": (TINY, 1.0, 0.0)}
+# A numerics fault: the sampler's logits computed with this many times its dtype's rounding step of error
+NUMERICS_NOISE = {"float32": 2.0 ** 17, "bfloat16": 4.0}
+
+
+def _check(shape: str, dtype: str, tokens: int, seed: int, fault: str | None = None, own: bool = True,
+           sampler_noise: float | None = None) -> dict:
+    import torch
+
+    settings, scale, offset = SHAPES[shape]
+    generator = torch.Generator().manual_seed(seed)
+    truth = synthetic.logits(tokens, scale, generator) + offset
+    sampler = synthetic.faulty(fault, settings) if fault else settings
+    return synthetic.check(truth, sampler, dtype, generator, margin=0.1, own=own, sampler_noise=sampler_noise)
+
+
+def _judged(reference: dict, candidates: dict) -> dict:
+    comparisons = {"reference": rollout_verdict.own_check(reference, alpha=0.05, support_margin=0.001)}
+    for name, candidate in candidates.items():
+        comparisons[name] = rollout_verdict.compare(reference, candidate, alpha=0.05, support_margin=0.001,
+                                                    margin_sd=0.1)
+    rollout_verdict.finalize(list(comparisons.values()), 0.05)
+    return comparisons
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", ["T0.1", "T1.0"])
+def test_on_its_own_logits_a_correct_sampler_is_confirmed_and_every_fault_caught(shape, dtype):
+    """At the size the plan asks for (one-sample tests on the sampler's own logits), a correct sampler is equivalent
+    on both tests, every sampling fault is divergent on its sampler tests and never on its numerics, and a sampler
+    drawing correctly from logits computed with a larger error (the numerics fault) is correct as a sampler and
+    divergent on its numerics alone."""
+    probe = _check(shape, dtype, 20_000, seed=1)
+    planned = power.plan(probe["own_profile"], alpha=0.05, family=3 * 8, one_sample=True)
+    assert all(f["kind"] == power.DETECTABLE for f in planned["faults"].values()), planned
+    tokens = min(planned["tokens"], 120_000)
+    reference = _check(shape, dtype, tokens, seed=2)
+    candidates = {"control": _check(shape, dtype, tokens, seed=3),
+                  **{fault: _check(shape, dtype, tokens, seed=4 + i, fault=fault)
+                     for i, fault in enumerate(faults.SAMPLING)},
+                  "numerics": _check(shape, dtype, tokens, seed=20, sampler_noise=NUMERICS_NOISE[dtype])}
+    judged = _judged(reference, candidates)
+    sampler = {name: {t: c["tests"][t]["verdict"] for t in ("support", "score")} for name, c in judged.items()}
+    for name in ("reference", "control", "numerics"):
+        assert set(sampler[name].values()) == {"equivalent"}, (name, judged[name]["tests"])
+    for fault in faults.SAMPLING:
+        assert "divergent" in sampler[fault].values(), (fault, judged[fault]["tests"])
+        assert judged[fault]["tests"]["numerics"]["verdict"] == "equivalent"
+    assert judged["control"]["tests"]["numerics"]["verdict"] == "equivalent"
+    assert judged["numerics"]["tests"]["numerics"]["verdict"] == "divergent"
+    assert judged["numerics"]["verdict"] == "divergent" and judged["control"]["verdict"] == "equivalent"
+
+
+def test_the_trainers_logits_cannot_judge_a_cold_bfloat16_sampler_its_own_can():
+    """At temperature 0.1 in bfloat16 a sampler's and a trainer's logits differ by a rounding step, and the
+    settings keep only tokens within 0.069 of the top one: scored with the trainer's logits (the check of a backend
+    that reports none of its own), a correct sampler is never confirmed and a 10 % hotter one is not caught; on its
+    own logits the first is equivalent and the second divergent, from the same draws."""
+    tokens = 60_000
+    reference = _check("T0.1", "bfloat16", tokens, seed=30, sampler_noise=1.0)
+    control = _check("T0.1", "bfloat16", tokens, seed=31, sampler_noise=1.0)
+    hot = _check("T0.1", "bfloat16", tokens, seed=32, fault="temperature_up", sampler_noise=1.0)
+    trainers = {name: {**run, "sampler_logits": None} for name, run in (("control", control), ("hot", hot))}
+    by_trainer = _judged({**reference, "sampler_logits": None}, trainers)
+    assert by_trainer["control"]["verdict"] != "equivalent" and by_trainer["hot"]["verdict"] != "divergent"
+    own = _judged(reference, {"control": control, "hot": hot})
+    assert own["control"]["verdict"] == "equivalent" and own["hot"]["verdict"] == "divergent"
+
+
+def test_a_sampler_that_drops_the_weakest_token_top_p_needs_is_divergent_on_its_score():
+    """vLLM 0.26's kernel as a rule (faults.drop_weakest): it never draws outside the settings' support, so only
+    the score sees it, and at config.yaml's settings (temperature 0.1, min_p 0.5) it is greedy wherever two tokens
+    are allowed: z far above 0."""
+    reference = _check("T0.1", "bfloat16", 20_000, seed=40)
+    dropping = _check("T0.1", "bfloat16", 20_000, seed=41, fault="drop_weakest")
+    judged = _judged(reference, {"dropping": dropping})["dropping"]["tests"]
+    assert judged["support"]["candidate_outside"] == 0 and judged["score"]["verdict"] == "divergent"
+    assert judged["score"]["z"] > 10
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("backend", ["hf", "hf_static", "native"])
+def test_the_logits_a_backend_reports_are_those_its_sampler_drew_from(backend, primed, tiny_study, monkeypatch):
+    """The first of transformers' sampling warpers (the temperature's, in generate() and in the native decoder)
+    receives, at every step, bit for bit the logits the backend reported for the tokens it sampled there."""
+    import copy
+
+    import torch
+    from transformers.generation import logits_process
+
+    from grpo_equivalence.training import backends, sampler_logits
+    from grpo_equivalence.training.session import session
+
+    config = copy.deepcopy(tiny_study)
+    config["grpo"]["temperature"] = 0.7
+    received = []
+    warp = logits_process.TemperatureLogitsWarper.__call__
+
+    def receiving(self, input_ids, scores):
+        received.append(scores.detach().clone())
+        return warp(self, input_ids, scores)
+
+    monkeypatch.setattr(logits_process.TemperatureLogitsWarper, "__call__", receiving)
+    with session(config, backend, 1, model_path=primed["model"], dataset=primed["dataset"], log=lambda m: None) as built:
+        trainer = built.trainer
+        prompts = [trainer.train_dataset[i]["prompt"] for i in range(6) for _ in range(2)]
+        mechanism = backends.get(backend).sampler_logits
+        with sampler_logits.recording(trainer, mechanism, {"top_k": 5}) as recorder:
+            received.clear()
+            completions = [list(ids) for ids in trainer._generate(prompts)[1]]
+            views = recorder.take(completions)
+    assert len(views) == len(prompts) and any(len(ids) > 3 for ids in completions)
+    for row, (view, ids) in enumerate(zip(views, completions, strict=True)):
+        assert view["tokens"].tolist() == ids
+        for step in range(len(ids)):
+            assert torch.equal(view["full"][step], received[step][row].float()), (backend, row, step)
