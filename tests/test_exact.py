@@ -126,3 +126,73 @@ def test_the_logits_a_backend_reports_are_those_its_sampler_drew_from(backend, p
         assert view["tokens"].tolist() == ids
         for step in range(len(ids)):
             assert torch.equal(view["full"][step], received[step][row].float()), (backend, row, step)
+
+
+def test_a_vllm_engine_reports_raw_log_probabilities_for_the_check_and_its_own_settings_come_back():
+    """trl_vllm's recorder, against a stand-in for TRL's VLLMGeneration and vLLM's engine (vLLM cannot run here):
+    for the check, every worker's sampler and top-k/top-p sampler return raw log-probabilities and each request asks
+    for TOP of them; the views hold each position's top tokens and the sampled one, whatever its rank; afterwards the
+    engine's modes and TRL's ask are as they were. A sampled token vLLM did not report is refused."""
+    from types import SimpleNamespace
+
+    from grpo_equivalence.training import sampler_logits
+
+    inner = SimpleNamespace(logprobs_mode="processed_logprobs")
+    worker = SimpleNamespace(model_runner=SimpleNamespace(sampler=SimpleNamespace(logprobs_mode="processed_logprobs",
+                                                                                  topk_topp_sampler=inner)))
+    asked = []
+
+    def generate(prompts, **kwargs):
+        asked.append(vllm.logprobs)
+        assert worker.model_runner.sampler.logprobs_mode == inner.logprobs_mode == "raw_logprobs"
+        # two sequences of two tokens: ranked (id, logprob) lists, the sampled token among them
+        ids = [[[7, 3], [4, 9, 2]], [[3, 7], [9, 4]]]
+        values = [[[-0.1, -2.5], [-0.3, -1.4, -6.0]], [[-0.2, -1.8], [-0.05, -3.1]]]
+        return None, [[7, 2], [3, 9]], values, ids
+
+    llm = SimpleNamespace(collective_rpc=lambda method, args=(): [method(worker, *args)])
+    vllm = SimpleNamespace(llm=llm, logprobs=0, generate=generate)
+    trainer = SimpleNamespace(vllm_generation=vllm)
+    with sampler_logits.recording(trainer, "vllm", {"top_k": 5}) as recorder:
+        completions = trainer.vllm_generation.generate(["a", "b"])[1]
+        views = recorder.take(completions)
+    assert asked == [sampler_logits.TOP] and vllm.logprobs == 0 and vllm.generate is generate
+    assert worker.model_runner.sampler.logprobs_mode == inner.logprobs_mode == "processed_logprobs"
+    assert views[0]["token_logit"].tolist() == pytest.approx([-0.1, -6.0])
+    assert views[0]["ids"][1].tolist() == [4, 9, 2] and views[1]["top"][1].tolist() == pytest.approx([-0.05, -3.1])
+    assert views[0]["tokens"].tolist() == [7, 2] and views[0]["lse"].tolist() == [0.0, 0.0]
+    with pytest.raises(RuntimeError, match="no log-probability of the sampled token 5"):
+        sampler_logits.view_of_logprobs([[3, 7]], [[-0.1, -2.0]], [5])
+
+
+@pytest.mark.parametrize("settings", [STUDY, TINY], ids=["T0.1", "T1.0"])
+def test_a_vocabulary_reported_by_its_largest_logits_is_judged_as_the_whole(settings):
+    """A real vocabulary is reported by its TOP largest logits, the sampled token's and the row's log-sum-exp (vLLM
+    gives no more): wherever top_k is within them, every figure the sampler test and the numerics take is the whole
+    row's; with no top_k, a position where the settings could keep the rest is left unjudged, never guessed."""
+    import torch
+
+    from grpo_equivalence.checks import exact
+    from grpo_equivalence.training import sampler_logits
+
+    generator = torch.Generator().manual_seed(50)
+    logits = torch.randn((400, 5000), generator=generator) * torch.linspace(0.5, 4.0, 400)[:, None]
+    probabilities = torch.softmax(logits, -1)
+    tokens = torch.cat([torch.multinomial(probabilities[:300], 1, generator=generator).squeeze(1),
+                        torch.randint(0, 5000, (100,), generator=generator)])
+    whole = [{"full": logits, "tokens": tokens}]
+    top = logits.topk(sampler_logits.top_count(settings), dim=-1)
+    narrowed = [{"top": top.values, "ids": top.indices, "tokens": tokens, "lse": torch.logsumexp(logits, -1),
+                 "token_logit": logits.gather(1, tokens[:, None]).squeeze(1)}]
+    for name, view in (("whole", whole), ("narrowed", narrowed)):
+        assert exact.raw_logprobs(view).tolist() == pytest.approx(
+            torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1).tolist(), abs=1e-5), name
+    a = exact.score_own(whole, settings, margin=0.1, order="vllm", vocabulary=5000)
+    b = exact.score_own(narrowed, settings, margin=0.1, order="vllm", vocabulary=5000)
+    assert not any(b["unjudged"]) and a["outside"] == b["outside"] and a["decided"] == b["decided"]
+    assert b["logq"] == pytest.approx(a["logq"], abs=1e-4) and b["hot"]["shift"] == pytest.approx(a["hot"]["shift"],
+                                                                                                   abs=1e-4)
+    assert any(a["outside"]) and not all(a["outside"])
+    loose = {**settings, "top_k": None, "min_p": None, "top_p": 0.9}
+    c = exact.score_own(narrowed, loose, margin=0.1, order="vllm", vocabulary=5000)
+    assert any(c["unjudged"]) and not any(o and u for o, u in zip(c["outside"], c["unjudged"], strict=True))

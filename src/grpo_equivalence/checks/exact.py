@@ -21,11 +21,13 @@ NUMERICS_KEYS = ("numerics_tokens", "abs_diff", "max_abs_diff", "mult_error", "k
 RATIO_BOUNDS = (0.5, 2.0)  # an importance ratio outside these is counted (verl's rollout-correction health check)
 
 
-def _narrowed(view: dict, vocabulary: int):
+def _narrowed(view: dict, vocabulary: int, order: str):
     """A narrowed position set (training.sampler_logits): its logits with the sampled token as a column of its own
     (appended where it is not among the largest; a column that is never kept otherwise), the token's column, and
-    the rest of the vocabulary as one logit at each temperature: exact at temperature 1 (the row's log-sum-exp is
-    reported), an upper bound at others (every token of the rest is below the smallest kept logit)."""
+    the rest of the vocabulary as one logit for a sampler's settings: none where its filters drop every token of
+    the rest whatever their logits (a top_k within the largest reported; min_p above the smallest reported, where
+    no top_p normalises before it), else the rest's mass in one token: exact at temperature 1 (the row's
+    log-sum-exp is reported), an upper bound at others (every token of the rest is below the smallest reported)."""
     import torch
 
     top, ids, tokens = view["top"].float(), view["ids"], view["tokens"]
@@ -38,11 +40,19 @@ def _narrowed(view: dict, vocabulary: int):
     rest_lse = view["lse"].float() + torch.log1p(-share.clamp(max=1.0))  # -inf where nothing is left
     smallest = torch.where(torch.isfinite(top), top, torch.full_like(top, math.inf)).amin(-1)
     others = max(1, vocabulary - values.shape[1])
+    largest = top[:, 0]
+    none = torch.full_like(rest_lse, -math.inf)
 
-    def rest(temperature: float):
-        if temperature <= 1.0:
-            return torch.minimum(rest_lse, (1 - temperature) * smallest + temperature * rest_lse)
-        return rest_lse + (temperature - 1) * math.log(others)
+    def rest(settings: dict):
+        temperature = settings.get("temperature") or 1.0
+        if 0 < (settings.get("top_k") or 0) <= top.shape[1]:  # each token of the rest ranks below top_k others
+            return none
+        mass = torch.minimum(rest_lse, (1 - temperature) * smallest + temperature * rest_lse) if temperature <= 1 \
+            else rest_lse + (temperature - 1) * math.log(others)
+        if settings.get("min_p") and (order == "vllm" or (settings.get("top_p") or 1.0) >= 1.0):
+            below = smallest < largest + temperature * math.log(settings["min_p"])  # min_p drops all of the rest
+            return torch.where(below, none, mass)
+        return mass
 
     return values, local, rest
 
@@ -63,7 +73,7 @@ def score_own(views: list[dict], settings: dict, *, margin: float, order: str, v
         scored["outside_clear"] = [c and d for c, d in zip(scored["outside_clear"], scored["decided"], strict=True)]
         return scored
     joined = {key: torch.cat([v[key] for v in views]) for key in ("top", "ids", "tokens", "token_logit", "lse")}
-    values, local, rest = _narrowed(joined, vocabulary)
+    values, local, rest = _narrowed(joined, vocabulary, order)
     scored, exact = scoring._score(values, local, settings, SAMPLER_ROUNDING, margin, order, rest=rest,
                                    settings_only=True)
     for key in ("decided", "outside", "outside_clear"):

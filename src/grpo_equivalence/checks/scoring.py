@@ -113,8 +113,9 @@ def score_tokens(logits, tokens, settings: dict, *, rounding: float, margin: flo
     others = logits.scatter(1, top, -float("inf"))
     masses = {}
 
-    def rest(temperature: float):
-        """The rest of the vocabulary as one logit: its mass at `temperature` in one token."""
+    def rest(chain_settings: dict):
+        """The rest of the vocabulary as one logit: its mass at the settings' temperature in one token."""
+        temperature = chain_settings.get("temperature") or 1.0
         if temperature not in masses:
             masses[temperature] = temperature * torch.logsumexp(others / temperature, dim=-1)
         return masses[temperature]
@@ -142,7 +143,7 @@ def _as_lists(scored: dict) -> dict:
 def _score(logits, tokens, settings: dict, rounding: float, margin: float, order: str, rest,
            settings_only: bool = False):
     """score_tokens' quantities as tensors, and per position whether they are exact: with `rest` (a function of
-    the temperature) the logits are a narrowed set and every sampler's filters also see the rest of the vocabulary
+    a sampler's settings) the logits are a narrowed set and every sampler's filters also see the rest of the vocabulary
     as one more token; a position is exact unless some filter keeps that token (`settings_only`: unless the
     settings' own filters keep it; the alternatives' figures there are then approximate)."""
     import torch
@@ -157,7 +158,7 @@ def _score(logits, tokens, settings: dict, rounding: float, margin: float, order
         if rest is None:
             return filtered(chain_settings, order, values, dummy)
         widened = filtered(chain_settings, order, torch.cat(
-            [values, rest(chain_settings.get("temperature") or 1.0)[:, None]], -1), dummy)
+            [values, rest(chain_settings)[:, None]], -1), dummy)
         if not settings_only or chain_settings is settings:
             exact &= ~torch.isfinite(widened[:, -1])
         return widened[:, :-1]

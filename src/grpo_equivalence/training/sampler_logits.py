@@ -189,9 +189,9 @@ def _native(trainer, recorder: Recorder):
 
 @contextlib.contextmanager
 def _vllm(trainer, recorder: Recorder):
-    """vLLM's sampler returns raw log-probabilities for the block (its logprobs mode set on the engine's sampler in
-    this process, where TRL's colocated engine runs), TOP of them and the sampled token's per position, and each
-    generation call's are kept; TRL's own asks (logprobs 0, processed) come back after it."""
+    """vLLM's sampler returns raw log-probabilities for the block (its logprobs mode set through the engine's RPC:
+    log_softmax of the float32 logits before any processing), TOP of them and the sampled token's per position,
+    and each generation call's are kept; TRL's own asks (logprobs 0, processed) come back after it."""
     vllm = trainer.vllm_generation
     modes = vllm.llm.collective_rpc(_logprobs_mode, args=(VLLM_MODE,))
     asked, generate = vllm.logprobs, vllm.generate
@@ -214,8 +214,15 @@ def _vllm(trainer, recorder: Recorder):
         vllm.llm.collective_rpc(_logprobs_mode, args=(modes[0],))
 
 
-def _logprobs_mode(worker, mode: str) -> str:
-    """On each of a vLLM engine's workers (its RPC): its sampler's logprobs mode set to `mode`; the one it had."""
+def _logprobs_mode(worker, mode: str | tuple) -> tuple:
+    """On each of a vLLM engine's workers (its RPC): the logprobs mode of its sampler and of its top-k/top-p
+    sampler set to `mode` (one for both, or the pair _logprobs_mode returned); the pair they had. The top-k/top-p
+    sampler chose its path (vLLM 0.26: the PyTorch one with its Triton kernel where TRL asks for processed
+    log-probabilities, FlashInfer's otherwise) when the engine started, and keeps it: only what it returns changes,
+    nothing of how it samples."""
     sampler = worker.model_runner.sampler
-    own, sampler.logprobs_mode = sampler.logprobs_mode, mode
+    inner = sampler.topk_topp_sampler
+    outer_mode, inner_mode = (mode, mode) if isinstance(mode, str) else mode
+    own = (sampler.logprobs_mode, inner.logprobs_mode)
+    sampler.logprobs_mode, inner.logprobs_mode = outer_mode, inner_mode
     return own
