@@ -57,7 +57,7 @@ def sampled_logits(sampling: str, prompts: int):
 
     import fault_detection
 
-    from grpo_equivalence.checks import rollout
+    from grpo_equivalence.checks import rollout, rollout_scoring
     from grpo_equivalence.training.session import session
 
     fault_detection.prepare(argparse.Namespace(jobs=2, gpu=False))
@@ -72,7 +72,7 @@ def sampled_logits(sampling: str, prompts: int):
                                                                                     strict=True) if len(c)]
         trainer.model.eval()
         with torch.no_grad():
-            logits = torch.cat(rollout.forward_logits(trainer.model, records, torch.device("cpu"))).float()
+            logits = torch.cat(rollout_scoring.forward_logits(trainer.model, records, torch.device("cpu"))).float()
     return {key: config["grpo"][key] for key in rollout.SAMPLING_KEYS}, logits
 
 

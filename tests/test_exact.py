@@ -128,23 +128,29 @@ def test_the_logits_a_backend_reports_are_those_its_sampler_drew_from(backend, p
             assert torch.equal(view["full"][step], received[step][row].float()), (backend, row, step)
 
 
-def test_a_vllm_engine_reports_raw_log_probabilities_for_the_check_and_its_own_settings_come_back():
+@pytest.mark.parametrize("runner", ["first", "second"])
+def test_a_vllm_engine_reports_raw_log_probabilities_for_the_check_and_its_own_settings_come_back(runner):
     """trl_vllm's recorder, against a stand-in for TRL's VLLMGeneration and vLLM's engine (vLLM cannot run here):
-    for the check, every worker's sampler and top-k/top-p sampler return raw log-probabilities and each request asks
-    for TOP of them; the views hold each position's top tokens and the sampled one, whatever its rank; afterwards the
-    engine's modes and TRL's ask are as they were. A sampled token vLLM did not report is refused."""
+    for the check, the worker's sampler returns raw log-probabilities and each request asks for TOP of them, while it
+    samples as in training (vLLM's first model runner: its top-k/top-p sampler's mode changes with it, its path was
+    chosen at start; the second: FlashInfer's path, which raw log-probabilities would open, stays closed); the views
+    hold each position's top tokens and the sampled one, whatever its rank; afterwards the engine's state and TRL's
+    ask are as they were. A sampled token vLLM did not report is refused."""
     from types import SimpleNamespace
 
     from grpo_equivalence.training import sampler_logits
 
     inner = SimpleNamespace(logprobs_mode="processed_logprobs")
-    worker = SimpleNamespace(model_runner=SimpleNamespace(sampler=SimpleNamespace(logprobs_mode="processed_logprobs",
-                                                                                  topk_topp_sampler=inner)))
+    sampler = SimpleNamespace(logprobs_mode="processed_logprobs", **(
+        {"topk_topp_sampler": inner} if runner == "first" else {"use_flashinfer": True}))
+    worker = SimpleNamespace(model_runner=SimpleNamespace(sampler=sampler))
     asked = []
 
     def generate(prompts, **kwargs):
         asked.append(vllm.logprobs)
-        assert worker.model_runner.sampler.logprobs_mode == inner.logprobs_mode == "raw_logprobs"
+        assert sampler.logprobs_mode == "raw_logprobs"
+        assert inner.logprobs_mode == ("raw_logprobs" if runner == "first" else "processed_logprobs")
+        assert getattr(sampler, "use_flashinfer", False) is False
         # two sequences of two tokens: ranked (id, logprob) lists, the sampled token among them
         ids = [[[7, 3], [4, 9, 2]], [[3, 7], [9, 4]]]
         values = [[[-0.1, -2.5], [-0.3, -1.4, -6.0]], [[-0.2, -1.8], [-0.05, -3.1]]]
@@ -157,7 +163,8 @@ def test_a_vllm_engine_reports_raw_log_probabilities_for_the_check_and_its_own_s
         completions = trainer.vllm_generation.generate(["a", "b"])[1]
         views = recorder.take(completions)
     assert asked == [sampler_logits.TOP] and vllm.logprobs == 0 and vllm.generate is generate
-    assert worker.model_runner.sampler.logprobs_mode == inner.logprobs_mode == "processed_logprobs"
+    assert sampler.logprobs_mode == inner.logprobs_mode == "processed_logprobs"
+    assert getattr(sampler, "use_flashinfer", True) is True
     assert views[0]["token_logit"].tolist() == pytest.approx([-0.1, -6.0])
     assert views[0]["ids"][1].tolist() == [4, 9, 2] and views[1]["top"][1].tolist() == pytest.approx([-0.05, -3.1])
     assert views[0]["tokens"].tolist() == [7, 2] and views[0]["lse"].tolist() == [0.0, 0.0]

@@ -23,7 +23,7 @@ from pathlib import Path
 from ..analysis import stats
 from ..runtime import environment
 from ..training import faults
-from . import rollout
+from . import rollout_scoring
 
 SCHEMA_VERSION = 1
 # The adapter every stack starts from: A uniform within +-1/sqrt(fan-in) as PEFT draws it, B normal with this
@@ -147,7 +147,7 @@ def _per_token(trainer, batch: dict) -> dict:
 
     def logps():
         out = []
-        for logits, record in zip(rollout.forward_logits(model, records, device), records, strict=True):
+        for logits, record in zip(rollout_scoring.forward_logits(model, records, device), records, strict=True):
             rows = torch.log_softmax(logits.float() / temperature, dim=-1)
             out.append(rows.gather(-1, torch.tensor(record["completion_ids"], device=device).unsqueeze(-1)).squeeze(-1))
         return torch.cat(out).cpu()

@@ -214,15 +214,23 @@ def _vllm(trainer, recorder: Recorder):
         vllm.llm.collective_rpc(_logprobs_mode, args=(modes[0],))
 
 
-def _logprobs_mode(worker, mode: str | tuple) -> tuple:
-    """On each of a vLLM engine's workers (its RPC): the logprobs mode of its sampler and of its top-k/top-p
-    sampler set to `mode` (one for both, or the pair _logprobs_mode returned); the pair they had. The top-k/top-p
-    sampler chose its path (vLLM 0.26: the PyTorch one with its Triton kernel where TRL asks for processed
-    log-probabilities, FlashInfer's otherwise) when the engine started, and keeps it: only what it returns changes,
-    nothing of how it samples."""
+def _logprobs_mode(worker, state: str | dict) -> dict:
+    """On each of a vLLM engine's workers (its RPC): its sampler returns `state` log-probabilities ("raw_logprobs"),
+    or gets back the state _logprobs_mode returned; the state it had. How it samples stays as training has it: vLLM
+    0.26 picks its path from the logprobs mode (where TRL asks for processed log-probabilities, the PyTorch top-k/top-p
+    function with its Triton kernel; otherwise FlashInfer's sampler where installed), so the path is pinned: the
+    model runner's sampler does not switch to FlashInfer, and the older runner's top-k/top-p sampler keeps the path it
+    chose at the engine's start."""
     sampler = worker.model_runner.sampler
-    inner = sampler.topk_topp_sampler
-    outer_mode, inner_mode = (mode, mode) if isinstance(mode, str) else mode
-    own = (sampler.logprobs_mode, inner.logprobs_mode)
-    sampler.logprobs_mode, inner.logprobs_mode = outer_mode, inner_mode
+    inner = getattr(sampler, "topk_topp_sampler", None)  # vLLM's first model runner: a sampler of its own
+    own = {"mode": sampler.logprobs_mode, "inner": getattr(inner, "logprobs_mode", None),
+           "flashinfer": getattr(sampler, "use_flashinfer", None)}
+    if isinstance(state, str):
+        state = {"mode": state, "inner": state if inner is not None else None,
+                 "flashinfer": False if own["flashinfer"] is not None else None}
+    sampler.logprobs_mode = state["mode"]
+    if inner is not None:
+        inner.logprobs_mode = state["inner"]
+    if state["flashinfer"] is not None:
+        sampler.use_flashinfer = state["flashinfer"]
     return own
