@@ -36,6 +36,10 @@ def test_statistics_file_has_every_step_and_metric(runs, backend):
             assert key in step["metrics"]
     assert run["train_wall_s"] >= sum(s["wall_s"] for s in run["steps"]) * 0.9
     assert run["peak_mem_gb"] == max(s["peak_mem_gb"] for s in run["steps"]) > 0
+    # the workflow's own kl, beside the stack's: TRL's is the same token mean (the same model, float32)
+    for step in run["steps"]:
+        assert step["kl"] == pytest.approx(step["kl_logged"], rel=1e-4, abs=1e-7)
+        assert step["metrics"]["kl_compute_s"] > 0
     assert run["environment"]["memory_bandwidth_gbs"] is None  # measured on CUDA only
     # each backend's generation is timed, so the summary splits a step into rollout and training
     assert summary.summarise(run, 1)["median_rollout_s"] > 0
@@ -247,3 +251,42 @@ finally:
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.split("SEEN", 1)[1])
     assert seen and seen[0] is False  # the first call came before transformers was imported
+
+
+def test_a_stack_logging_another_kl_is_judged_on_the_one_computed_for_every_stack(primed, tiny_study, tmp_path,
+                                                                                monkeypatch):
+    """A trainer stack whose logged kl is another quantity (here TRL's, scaled three times, as Unsloth's per-sequence
+    means differ from TRL's token mean) records it as kl_logged; the kl the verdict judges is the workflow's own,
+    the same as the unscaled run's; and runs that differ in their logged kl alone are not divergent on kl."""
+    import copy
+
+    from transformers import Trainer
+
+    from grpo_equivalence.analysis import verdict
+
+    plain = train.run(tiny_study, "hf", 3, model_path=primed["model"], dataset=primed["dataset"],
+                      out=tmp_path / "plain.json", log=lambda s: None)
+    log = Trainer.log  # GRPOTrainer.log adds its metrics, then hands them to Trainer.log
+
+    def scaled(self, logs, *args, **kwargs):
+        return log(self, {**logs, "kl": 3 * logs["kl"]} if "kl" in logs else logs, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "log", scaled)
+    other = train.run(tiny_study, "hf", 3, model_path=primed["model"], dataset=primed["dataset"],
+                      out=tmp_path / "other.json", log=lambda s: None)
+    for a, b in zip(plain["steps"][1:], other["steps"][1:], strict=True):
+        assert b["kl_logged"] == pytest.approx(3 * a["kl_logged"], rel=1e-5) and b["kl"] == pytest.approx(a["kl"])
+
+    def seeds(run, factor):  # a run's statistics at three seeds, their kl spread as reseeding spreads it
+        runs = []
+        for i, shift in enumerate((0.9, 1.0, 1.1)):
+            copy_ = copy.deepcopy(run)
+            copy_["seed"] = 3407 + i
+            for step in copy_["steps"]:
+                step["kl"] = step["kl"] * shift
+                step["kl_logged"] = step["kl"] * factor
+            runs.append(copy_)
+        return runs
+
+    judged = verdict.judge_runs(seeds(plain, 1.0), seeds(other, 3.0), "kl")
+    assert judged["verdict"] != verdict.DIVERGENT, judged

@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 
 SCHEMA_VERSION = 1
-# Per-step keys every statistics file has (null where the trainer did not log the metric).
+# Per-step keys every statistics file has (null where the trainer did not log the metric). `kl` is the KL the
+# workflow computes the same way for every stack (training.kl); a step may also hold `kl_logged`, the stack's own.
 STEP_KEYS = ("step", "wall_s", "loss", "grad_norm", "reward", "kl", "peak_mem_gb")
 RUN_KEYS = ("schema_version", "backend", "max_steps", "seed", "model", "dataset", "train_wall_s", "peak_mem_gb",
             "steps", "effective_config", "environment")
@@ -35,7 +36,7 @@ PROFILE = "profile"
 # "not logged", and a diverged run must stay a diverged run.
 NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 # Step values that are numbers (or null where the trainer did not log them, or NON_FINITE markers).
-STEP_NUMBERS = ("loss", "grad_norm", "reward", "kl")
+STEP_NUMBERS = ("loss", "grad_norm", "reward", "kl", "kl_logged")
 # Keys of a step's `metrics` that the summary and the verdicts compute with: numbers, null or NON_FINITE markers
 # (any other key the trainer logged is kept as it was logged).
 READ_METRICS = ("completions/mean_length", "completions/max_length", "entropy", "frac_reward_zero_std")
@@ -124,7 +125,7 @@ def load(path: Path) -> dict:
                          "trains it again) when an output needs it") from None
     for step in stats["steps"]:  # NON_FINITE markers back to numbers (check made sure they are markers)
         for key in STEP_NUMBERS:
-            if isinstance(step[key], str):
+            if isinstance(step.get(key), str):
                 step[key] = NON_FINITE[step[key]]
         for key, value in step.get("metrics", {}).items():
             if isinstance(value, str) and value in NON_FINITE:
@@ -195,7 +196,7 @@ def check(stats, path) -> None:
         if not (_is_number(wall) and math.isfinite(wall) and wall > 0):
             raise StatsError(f"{where}: wall_s is {_describe(wall)}, not a positive number of seconds")
         for key in STEP_NUMBERS:
-            value = step[key]
+            value = step.get(key)
             if not (value is None or _is_number(value) or value in NON_FINITE):
                 raise StatsError(f"{where}: {key} is {_describe(value)}, not a number (null where not logged; "
                                  f"{', '.join(map(repr, NON_FINITE))} for a non-finite value)")

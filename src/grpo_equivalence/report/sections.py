@@ -4,6 +4,7 @@ settings and warnings that differ between backends; the rollout check's verdicts
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 from ..analysis import runs as run_files
@@ -88,8 +89,24 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
                        "stack_pairs": stacked, "stacks": {b: stack(b) or NOT_RECORDED for b in sorted(runs)},
                        "backends": sorted(runs), "mismatch": any(row.get("sampler_mismatch") for row in rows),
                        "seeds": {backend: [r["seed"] for r in group] for backend, group in sorted(runs.items())},
-                       "gpu_sharing": gpu_sharing(runs)})
+                       "kl": kl_definitions(runs), "gpu_sharing": gpu_sharing(runs)})
     return tables
+
+
+def kl_definitions(runs: dict) -> dict:
+    """Per backend, the mean over its runs of the kl the verdict judges (the workflow's own, the same for every
+    stack) and of the kl its stack logged, each over the last third of the steps as the verdict summarises kl;
+    None where a run has none. Where the two differ the stack logs another quantity (Unsloth: per-sequence means)."""
+    found = {}
+    for backend, group in sorted(runs.items()):
+        row = {}
+        for name, key in (("computed", "kl"), ("logged", "kl_logged")):
+            values = [[s.get(key) for s in r["steps"]] for r in group]
+            means = [statistics.fmean(v[len(v) - max(1, len(v) // 3):]) for v in values
+                     if v and all(isinstance(x, (int, float)) for x in v)]
+            row[name] = statistics.fmean(means) if len(means) == len(group) else None
+        found[backend] = row
+    return found
 
 
 def warnings_by_backend(runs: list[dict]) -> dict[str, list[dict]]:

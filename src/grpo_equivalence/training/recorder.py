@@ -6,8 +6,11 @@ import time
 
 from ..analysis.stats import PROFILE, STEP_KEYS
 
-# Trainer log keys promoted out of `metrics` into the step record.
-PROMOTED = ("loss", "grad_norm", "reward", "kl")
+# Trainer log keys promoted out of `metrics` into the step record (`kl` is the workflow's own, training.kl: the
+# stack's logged kl goes to LOGGED_KL)
+PROMOTED = ("loss", "grad_norm", "reward")
+LOGGED_KL = "kl_logged"  # the KL the trainer stack logged under its own definition (TRL's, Unsloth's)
+KL_PARTS = ("kl_sum", "kl_tokens", "kl_s")  # training.kl's figures of a step, while it runs
 
 
 # Keys of the trainer's closing log (run totals, not a step's figures).
@@ -55,6 +58,12 @@ def make_recorder(memory_probe, synchronize=lambda: None, mode: str = "full"):
             memory_probe.reset()
             self._start = time.perf_counter()
 
+        def add_kl(self, total: float, tokens: int, seconds: float) -> None:
+            """The step's KL as training.kl computes it, a loss computation at a time, and the time it took."""
+            record = self.records.setdefault(self._step, {"step": self._step})
+            for key, value in zip(KL_PARTS, (total, tokens, seconds), strict=True):
+                record[key] = record.get(key, 0) + value
+
         def add_profile(self, name: str, seconds: float) -> None:
             profile = self.records.setdefault(self._step, {"step": self._step}).setdefault(PROFILE, {})
             profile[name] = profile.get(name, 0.0) + seconds
@@ -66,10 +75,11 @@ def make_recorder(memory_probe, synchronize=lambda: None, mode: str = "full"):
                     synchronize()
                     record.update(memory_probe.read())
                 now = time.perf_counter()
-                record["wall_s"], self._last_end = now - self._last_end, now
+                record["wall_s"], self._last_end = now - self._last_end - record.get("kl_s", 0.0), now
                 return
             synchronize()
-            record["wall_s"] = time.perf_counter() - self._start
+            # the workflow's own KL computation is not the step's work
+            record["wall_s"] = time.perf_counter() - self._start - record.get("kl_s", 0.0)
             record.update(memory_probe.read())
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -103,15 +113,22 @@ def trl_profiling(recorder):
 
 
 def step_records(records: dict[int, dict]) -> list[dict]:
-    """Records in step order, with the contract's keys at top level and the rest under `metrics`."""
+    """Records in step order, with the contract's keys at top level and the rest under `metrics`: `kl` the
+    workflow's own (None where it could not compute it), the stack's logged one as LOGGED_KL, and the seconds the
+    computation took (left out of wall_s) as metrics.kl_compute_s."""
     steps = []
     for step in sorted(records):
         raw = dict(records[step])
         metrics = raw.pop("metrics", {})
+        total, tokens, seconds = (raw.pop(key, None) for key in KL_PARTS)
         record = {key: None for key in STEP_KEYS}
         record.update(raw)
         for key in PROMOTED:
             record[key] = metrics.pop(key, None)
+        record["kl"] = total / tokens if tokens else None
+        record[LOGGED_KL] = metrics.pop("kl", None)
+        if seconds is not None:
+            metrics["kl_compute_s"] = seconds
         record["metrics"] = metrics
         steps.append(record)
     return steps

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..analysis import stats
 from ..runtime import environment, memory, paths
-from . import backends, faults
+from . import backends, faults, kl
 from .recorder import make_recorder, step_records, trl_profiling
 from .session import device_for, session
 
@@ -86,7 +86,8 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         started_at = time.time()
         start = time.perf_counter()
         startup_s = start - built.startup_began
-        with trl_profiling(recorder) if recorder_mode != "timestamps" else contextlib.nullcontext():
+        with trl_profiling(recorder) if recorder_mode != "timestamps" else contextlib.nullcontext(), \
+                kl.computed(trainer, recorder, torch.cuda.synchronize if device == "cuda" else lambda: None):
             trainer.train()
         train_wall = time.perf_counter() - start
         finished_at = time.time()
