@@ -19,8 +19,12 @@ correct candidate's family of nine tests is called divergent, and, per margin (1
 verdict does; a fixed margin of 1 reference SD), how often a test at exactly the margin is called equivalent and how
 often a correct candidate's test is equivalent by the last look.
 
-    python benchmarks/verdict_calibration.py [TRIALS] [GRID_TRIALS]   (defaults 4000 and 20000; the shift search uses
-    TRIALS / 4; TRIALS 0 prints the grid alone)
+Then the shapes (calibration.SHAPES: heavy-tailed and skewed run summaries): the verdict's null, runs distributed
+alike up to a shift of the mean, at every correlation; and runs whose spreads differ (variance ratio 1:9, 1 and 9:1)
+with equal means, where that null does not hold.
+
+    python benchmarks/verdict_calibration.py [TRIALS] [GRID_TRIALS] [SHAPE_TRIALS]   (defaults 4000, 20000 and 20000;
+    the shift search uses TRIALS / 4; TRIALS 0 prints the grids alone, GRID_TRIALS 0 the shapes alone)
 """
 
 import math
@@ -50,9 +54,28 @@ def grid(trials: int) -> None:
             print(f"{correlation:g} | {ratio:g} | " + " | ".join(f"{100 * c:.2f} %" for c in cells), flush=True)
 
 
+def shapes(trials: int) -> None:
+    print(f"shapes: {trials} comparisons a cell; cells: divergent (family of {calibration.FAMILY}) | sd 1 margin: "
+          f"equivalent at the margin | fixed margin: equivalent at the margin")
+    print("shape | design | correlation | variance ratio | divergent, correct candidate | sd 1: equivalent at the margin "
+          "| fixed: equivalent at the margin")
+    for shape in calibration.SHAPES[1:]:
+        cells = [(True, c, 1.0) for c in (0.0, 0.3, 0.6, 0.9)] + [(False, c, r) for c in (0.0, 0.6)
+                                                                   for r in (1 / 9, 1.0, 9.0)]
+        for location, correlation, ratio in cells:
+            r = calibration.grid_rates(correlation=correlation, variance_ratio=ratio, trials=trials, seed=20261205,
+                                       shape=shape, location=location)
+            print(f"{shape} | {'alike up to a shift' if location else 'spreads of their own'} | {correlation:g} | "
+                  f"{ratio:.3g} | {100 * r['false_divergent']:.2f} % | {100 * r['sd 1']['false_equivalent']:.2f} % | "
+                  f"{100 * r['absolute 1']['false_equivalent']:.2f} %", flush=True)
+
+
 def main() -> None:
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
-    grid(int(sys.argv[2]) if len(sys.argv) > 2 else 20000)
+    grid_trials = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
+    if grid_trials:
+        grid(grid_trials)
+    shapes(int(sys.argv[3]) if len(sys.argv) > 3 else 20000)
     if not trials:
         return
     process = calibration.Process()

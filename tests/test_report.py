@@ -204,8 +204,20 @@ def test_the_report_states_each_margin_in_words_and_its_report_wide_false_diverg
     text = from_stats_dir(stats_dir, "vllm", margins={"reward": {"absolute": 0.2}})
     assert "kl within 1.5x; grad_norm within 1.25x" in text and "reward within 0.2;" in text
     assert "loss within 1 SD of a seed-to-seed difference of the reference" in text
-    # two candidates, each its own family at alpha 0.05: at most 10 %, 9.75 % were they independent
-    assert "with 2 candidates, each at alpha 0.05" in text and "at most\n10.0 % (9.8 % were the candidates" in text
+    # two candidates at two step counts, each its own family at alpha 0.05: at most 20 %, 18.5 % were they independent
+    assert "4 families (2 candidates x 2 step counts), each at alpha 0.05" in text
+    assert "at most\n20.0 % (18.5 % were the families" in text
+
+
+def test_a_report_of_six_candidates_at_two_step_counts_counts_twelve_families(tmp_path):
+    """The report-wide chance of a false divergent verdict counts families, candidates x step counts: six candidates
+    that train as the reference does, at config.yaml's two step counts, are at most 60 % (12 x 5 %), not 30 %."""
+    for steps in (5, 8):
+        for backend in ("vllm", "a", "b", "c", "d", "e", "f"):
+            stats.write(tmp_path / f"grpo_{backend}_{steps}.json", make_stats(backend, steps, wall=lambda i: 2.0))
+    text = from_stats_dir(tmp_path, "vllm")
+    assert "12 families (6 candidates x 2 step counts), each at alpha 0.05" in text
+    assert "at most\n60.0 % (46.0 % were the families" in text
 
 
 def test_a_reward_function_that_scored_nothing_is_named_in_the_report_with_the_reason(tmp_path):
@@ -226,3 +238,18 @@ def test_a_backend_with_an_injected_fault_is_marked_wherever_a_table_names_it(tm
     assert "**Injected faults.** `hf+temperature_up` runs with the sampler's temperature x1.1" in text
     rows = [line for line in text.splitlines() if line.startswith("|") and "hf+temperature_up" in line]
     assert len(rows) >= 3 and all("hf+temperature_up (injected fault)" in row for row in rows), rows
+
+
+def test_a_candidate_whose_runs_spread_far_more_than_the_references_is_named_with_the_ratio(tmp_path):
+    """The stated error rates assume runs distributed alike up to a shift: a candidate whose runs' loss spreads ten
+    times the reference's is named beside the verdicts, with the ratio, and the null is said in the introduction."""
+    for i, offset in enumerate((0.0, 0.1, -0.1)):
+        seed = 3407 + i
+        suffix = "" if i == 0 else f"_seed{seed}"
+        stats.write(tmp_path / f"grpo_vllm_6{suffix}.json", make_stats("vllm", 6, seed=seed,
+                                                                       loss=lambda s, o=offset: 0.1 * s + o))
+        stats.write(tmp_path / f"grpo_hf_6{suffix}.json", make_stats("hf", 6, seed=seed,
+                                                                     loss=lambda s, o=offset: 0.1 * s + 10 * o))
+    text = from_stats_dir(tmp_path, "vllm")
+    assert "**Spread**" in text and "hf loss (10.0x)" in text
+    assert "distributed as the reference's, up to a shift of the mean" in text

@@ -129,20 +129,52 @@ VARIANCE_RATIOS = (0.25, 1.0, 4.0)
 FAMILY, HEADLINE_TESTS = 9, 3
 
 
-def paired_summaries(rng, trials: int, tests: int, *, correlation: float, variance_ratio: float, shift: float = 0.0):
+# The shapes run summaries are drawn in, each standardised to mean 0 and SD 1: normal; heavy-tailed (Student t, 3
+# degrees of freedom); skewed (log-normal, sigma 0.5 and 1: a few runs with a reward spike, a KL that grows
+# multiplicatively)
+SHAPES = ("normal", "t3", "lognormal0.5", "lognormal1")
+
+
+def standard(rng, shape: str, size):
+    """Draws of `shape` (SHAPES), mean 0 and SD 1."""
+    import numpy as np
+
+    if shape == "normal":
+        return rng.standard_normal(size)
+    if shape == "t3":
+        return rng.standard_t(3, size) / math.sqrt(3.0)
+    if shape.startswith("lognormal"):
+        sigma = float(shape.removeprefix("lognormal"))
+        mean, sd = math.exp(sigma ** 2 / 2), math.sqrt((math.exp(sigma ** 2) - 1) * math.exp(sigma ** 2))
+        return (np.exp(sigma * rng.standard_normal(size)) - mean) / sd
+    raise ValueError(f"unknown shape {shape!r}; one of {', '.join(SHAPES)}")
+
+
+def paired_summaries(rng, trials: int, tests: int, *, correlation: float, variance_ratio: float, shift: float = 0.0,
+                     shape: str = "normal", location: bool = False):
     """Run summaries of both backends for `trials` comparisons of `tests` independent metrics, verdict.LOOKS[-1]
     shared seeds each: (reference, candidate), arrays of shape (trials, tests, runs). The reference's summaries have
     SD 1; the candidate's SD sqrt(variance_ratio), correlated with the reference's of the same seed, shifted by
-    `shift`."""
+    `shift`; both means equal but for the shift, their draws of `shape`. `location`: the candidate's runs are the
+    reference's distribution shifted (a seed's part shared, each backend's own part drawn alike: the pairs are
+    exchangeable but for the shift), whatever `shape`; variance_ratio must be 1."""
     runs = verdict.LOOKS[-1]
-    reference = rng.standard_normal((trials, tests, runs))
-    own = rng.standard_normal((trials, tests, runs))
+    if location:
+        if variance_ratio != 1:
+            raise ValueError("a candidate distributed as the reference up to a shift has its variance")
+        seed = standard(rng, shape, (trials, tests, runs))
+        mine, theirs = (standard(rng, shape, (trials, tests, runs)) for _ in range(2))
+        shared, own = math.sqrt(max(correlation, 0.0)), math.sqrt(1 - max(correlation, 0.0))
+        return shared * seed + own * mine, shared * seed + own * theirs + shift
+    reference = standard(rng, shape, (trials, tests, runs))
+    own = standard(rng, shape, (trials, tests, runs))
     candidate = math.sqrt(variance_ratio) * (correlation * reference + math.sqrt(1 - correlation ** 2) * own) + shift
     return reference, candidate
 
 
 def grid_rates(*, correlation: float, variance_ratio: float, trials: int, seed: int = 0, alpha: float = verdict.ALPHA,
-               margins: tuple[dict, ...] = ({"sd": verdict.MARGIN}, {"absolute": 1.0})) -> dict:
+               margins: tuple[dict, ...] = ({"sd": verdict.MARGIN}, {"absolute": 1.0}), shape: str = "normal",
+               location: bool = False) -> dict:
     """Read at every planned look, as a user adding runs would (the worst case: a verdict at any look counts):
     - false_divergent: a candidate that trains as the reference does, called divergent on some test of its family
       of FAMILY (Holm weighted, the first HEADLINE_TESTS headline tests), at some look;
@@ -154,7 +186,7 @@ def grid_rates(*, correlation: float, variance_ratio: float, trials: int, seed: 
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    shape = dict(correlation=correlation, variance_ratio=variance_ratio)
+    shape = dict(correlation=correlation, variance_ratio=variance_ratio, shape=shape, location=location)
     out = {"false_divergent": float(family_divergent(*paired_summaries(rng, trials, FAMILY, **shape), alpha).mean())}
     for margin in margins:
         kind, value = next(iter(margin.items()))

@@ -24,8 +24,8 @@ def simulate_boundaries(levels: list[float], paths: int, seed: int,
     first look's from the t distribution exactly, each later one the quantile of `paths` simulated null paths not
     stopped before. The paths are sequences of independent standard normal differences: the t statistics' joint
     distribution at nested looks depends neither on the differences' mean (under the null, or shifted to a margin)
-    nor on their spread, so the boundaries hold for any correlation of the paired runs and any ratio of their
-    variances. One-sided (the equivalence tests at a margin): the boundary below which the statistic falls at look k
+    nor on their spread, so for normal differences the boundaries hold for any correlation of the paired runs and any
+    ratio of their variances (other shapes: docs/verdicts.md#calibration measures them). One-sided (the equivalence tests at a margin): the boundary below which the statistic falls at look k
     and at no look before with chance level x n_k / n_last, whatever it did above; two-sided: |t|."""
     import numpy as np
 

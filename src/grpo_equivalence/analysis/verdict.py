@@ -118,7 +118,9 @@ def judge(reference_means: list[float], candidate_means: list[float], *, alpha: 
     bound = margin_bound(spec, [r for r, _ in used], index, alpha)
     differences = [c - r for r, c in used]
     spread = statistics.stdev(differences)
-    evidence.update(margin=bound, difference_sd=spread)
+    # the candidate's runs' spread over the reference's: the stated rates assume runs distributed alike up to a shift
+    sds = [statistics.stdev(side) for side in zip(*used, strict=True)]
+    evidence.update(margin=bound, difference_sd=spread, spread_ratio=sds[1] / sds[0] if sds[0] > 0 else None)
     if planned["look"] == 0:
         return {**evidence, "verdict": INCONCLUSIVE, "p_value": 1.0, "equivalent": False,
                 "reason": f"before the first planned look ({LOOKS[0]} runs of each backend)",

@@ -152,13 +152,14 @@ def paired_test(ref: dict, cand: dict, key: str, *, alpha: float, margin_sd: flo
     differences = [cand["by_prompt"][key][p] - ref["by_prompt"][key][p] for p in shared]
     n, mean = len(differences), statistics.fmean(differences)
     sd = statistics.stdev(differences)
-    spread = statistics.stdev(ref["values"][key] + cand["values"][key])
-    if spread == 0:  # nothing to tell the samplers apart by (the margin would be 0: equivalence unreachable)
+    if statistics.pstdev(ref["values"][key] + cand["values"][key]) == 0:  # nothing to tell the samplers apart by
         value = ref["values"][key][0]
         return {"p_value": 1.0, "difference": 0.0, "se": 0.0, "prompts": n, "margin": 0.0, "equivalent": False,
                 "no_variation": True, "reference_mean": value, "candidate_mean": value,
                 "reason": f"every completion of both had {key} {value:g}"}
-    margin = margin_sd * spread
+    # the margin from the reference's completions alone, fixed before the candidate is read (a noisier candidate does
+    # not widen it); estimated from hundreds of completions, its own error is small beside the test's
+    margin = margin_sd * (statistics.stdev(ref["values"][key]) if len(ref["values"][key]) > 1 else 0.0)
     se = sd / math.sqrt(n)
     t = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
     result = {"p_value": float(2 * student.sf(abs(t), n - 1)), "difference": mean, "se": se, "prompts": n,

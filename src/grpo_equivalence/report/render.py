@@ -126,9 +126,11 @@ def judged(runs: dict, reference: str, skip: int = DEFAULT_SKIP, *, alpha: float
 
 def report_risk(comparisons: list[dict], alpha: float) -> dict:
     """The chance that some verdict of the report is falsely divergent, where every candidate were the reference
-    under another name: each candidate is its own family at alpha, so with C candidates at most 1 - (1 - alpha)^C
-    for independent candidates and at most C x alpha whatever their dependence (they share the reference's runs)."""
+    under another name: each candidate at each step count is its own family at alpha (one comparison), so with F
+    families (C candidates x S step counts) at most 1 - (1 - alpha)^F for independent families and at most F x alpha
+    whatever their dependence (they share the reference's runs, and a backend's step counts share its seeds)."""
     candidates = len({c["candidate"] for c in comparisons})
-    return {"candidates": candidates, "independent": 1 - (1 - alpha) ** candidates,
-            "bound": min(1.0, candidates * alpha), "alpha": alpha}
+    families = len({(c["candidate"], c["max_steps"]) for c in comparisons})
+    return {"candidates": candidates, "step_counts": len({c["max_steps"] for c in comparisons}), "families": families,
+            "independent": 1 - (1 - alpha) ** families, "bound": min(1.0, families * alpha), "alpha": alpha}
 
