@@ -41,7 +41,9 @@ def test_every_log_dict_is_merged_into_its_step():
     ])
     steps = recording.step_records(recorder.records)
     assert [s["step"] for s in steps] == [1, 2]
-    assert steps[0]["loss"] == 0.5 and steps[0]["reward"] == 1.0 and steps[0]["kl"] == 0.01
+    # the trainer's kl is the stack's logged one; kl is the workflow's own (none computed here: null)
+    assert steps[0]["loss"] == 0.5 and steps[0]["reward"] == 1.0 and steps[0]["kl_logged"] == 0.01
+    assert steps[0]["kl"] is None
     assert steps[0]["metrics"] == {"entropy": 0.9}
     assert steps[1]["metrics"] == {"completions/mean_length": 12.0}
     assert steps[1]["peak_mem_gb"] == 2.5 and steps[1]["wall_s"] >= 0
@@ -51,7 +53,7 @@ def test_a_metric_never_logged_is_null_not_zero():
     recorder = recording.make_recorder(FakeProbe())
     drive(recorder, [[{"loss": 0.5, "reward": 1.0}]])  # beta = 0: TRL logs no kl
     (step,) = recording.step_records(recorder.records)
-    assert step["kl"] is None and step["grad_norm"] is None
+    assert step["kl"] is None and step["kl_logged"] is None and step["grad_norm"] is None
 
 
 def test_the_closing_log_is_the_runs_not_a_steps():

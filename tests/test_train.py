@@ -290,3 +290,25 @@ def test_a_stack_logging_another_kl_is_judged_on_the_one_computed_for_every_stac
 
     judged = verdict.judge_runs(seeds(plain, 1.0), seeds(other, 3.0), "kl")
     assert judged["verdict"] != verdict.DIVERGENT, judged
+
+
+def test_a_study_with_several_iterations_a_generation_runs_to_its_report(primed, tiny_study, tmp_path):
+    """grpo.num_iterations: 2 trains each generation twice: TRL logs the rollout's metrics (reward, completion
+    length, each reward function) at the steps that sampled only. They are absent at the others, not an error: the
+    summaries, step differences and the report use the steps that logged them."""
+    import copy
+
+    from grpo_equivalence.analysis import runs as run_files
+    from grpo_equivalence.report.render import from_stats_dir
+
+    for backend in ("hf", "hf_static"):
+        for i in range(2):
+            config = copy.deepcopy(tiny_study)
+            config["grpo"].update(num_iterations=2, seed=3407 + i)
+            name = f"grpo_{backend}_4.json" if i == 0 else f"grpo_{backend}_4_seed{3407 + i}.json"
+            run = train.run(config, backend, 4, model_path=primed["model"], dataset=primed["dataset"],
+                            out=tmp_path / name, log=lambda s: None)
+    assert [s["reward"] is None for s in run["steps"]] == [False, True, False, True]
+    assert run_files.logged_steps(run, "reward") == [1, 3] and all(s["kl"] is not None for s in run["steps"])
+    text = from_stats_dir(tmp_path, "hf")
+    assert "## 4 steps" in text and "Verdicts against hf" in text

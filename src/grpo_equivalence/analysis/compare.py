@@ -4,7 +4,7 @@ step, the reference's seed-to-seed noise floor, and a verdict per metric (grpo_e
 import statistics
 
 from . import verdict
-from .runs import label, reward_functions, series, unjudged_reward_functions
+from .runs import aligned, label, logged_steps, reward_functions, series, unjudged_reward_functions
 from .stats import StatsError
 from .verdict import METRICS, NOT_LOGGED
 
@@ -29,9 +29,10 @@ def step_differences(reference: dict, candidate: dict, metric: str) -> dict:
     if ref is None or cand is None:
         return {"status": NOT_LOGGED,
                 "not_logged_in": [label(r) for r, s in ((reference, ref), (candidate, cand)) if s is None]}
+    ref, cand = aligned([reference, candidate], metric)
     diffs = [abs(c - r) for c, r in zip(cand, ref, strict=True)]
     return {"status": "compared", "max_abs_diff": max(diffs), "mean_abs_diff": statistics.fmean(diffs),
-            "at_step": reference["steps"][diffs.index(max(diffs))]["step"]}
+            "at_step": logged_steps(reference, metric)[diffs.index(max(diffs))]}
 
 
 def compare(reference_runs: list[dict], candidate_runs: list[dict], *, alpha: float = verdict.ALPHA,

@@ -40,12 +40,12 @@ def unjudged_reward_functions(runs: list[dict]) -> dict[str, str]:
     for name in _logged_functions(runs):
         for run in runs:
             values = [(s["step"], (s.get("metrics") or {}).get(f"rewards/{name}/mean")) for s in run["steps"]]
-            absent = [step for step, value in values if value is None]
-            nan = [step for step, value in values if isinstance(value, float) and math.isnan(value)]
-            if absent:
-                why[name] = f"not logged at step {absent[0]} of {label(run)}"
+            present = [(step, value) for step, value in values if value is not None]
+            nan = [step for step, value in present if isinstance(value, float) and math.isnan(value)]
+            if not present:  # absent at some steps only is a metric TRL logs at the steps that sampled
+                why[name] = f"not logged by {label(run)}"
             elif nan:
-                where = "at every step" if len(nan) == len(values) else f"at step(s) {', '.join(map(str, nan[:5]))}"
+                where = "at every step" if len(nan) == len(present) else f"at step(s) {', '.join(map(str, nan[:5]))}"
                 why[name] = (f"scored no completion {where} of {label(run)} (it returned None or NaN for every "
                              f"completion there)")
             if name in why:
@@ -57,19 +57,36 @@ def label(run: dict) -> str:
     return f"{run['backend']} x {run['max_steps']} (seed {run['seed']})"
 
 
-def series(run: dict, metric: str) -> list[float] | None:
-    """The metric at every step, None if never logged; logged at some steps only, or not finite: an error."""
+def logged_steps(run: dict, metric: str) -> list[int]:
+    """The steps at which the run logged `metric`: every step, or some (with grpo.num_iterations above 1 TRL logs its
+    rollout's metrics, reward and completion length among them, at the steps that sampled only)."""
     key = METRIC_KEYS.get(metric, metric)
-    values = [step.get(key, (step.get("metrics") or {}).get(key)) for step in run["steps"]]
-    if all(v is None for v in values):
+    return [step["step"] for step in run["steps"] if step.get(key, (step.get("metrics") or {}).get(key)) is not None]
+
+
+def series(run: dict, metric: str) -> list[float] | None:
+    """The metric at the steps that logged it (logged_steps), None if never logged; not finite: an error. A metric
+    absent at a step is absent there, not 0 and not an error."""
+    key = METRIC_KEYS.get(metric, metric)
+    pairs = [(step, step.get(key, (step.get("metrics") or {}).get(key))) for step in run["steps"]]
+    values = [value for _, value in pairs if value is not None]
+    if not values:
         return None
-    for step, value in zip(run["steps"], values, strict=True):
-        if value is None:
-            raise stats.StatsError(f"{label(run)}: {metric} is logged at some steps but missing at step {step['step']}")
-        if not math.isfinite(value):
+    for step, value in pairs:
+        if value is not None and not math.isfinite(value):
             raise stats.StatsError(f"{label(run)}: {metric} is {value} at step {step['step']}; the run diverged, so it "
                              f"cannot be compared (rerun it, or lower the learning rate)")
     return values
+
+
+def aligned(runs: list[dict], metric: str) -> list[list[float]]:
+    """The runs' series of `metric`, logged at the same steps in every run (runs of one study are); a StatsError
+    naming the runs otherwise."""
+    steps = [logged_steps(run, metric) for run in runs]
+    if any(s != steps[0] for s in steps):
+        raise stats.StatsError(f"{metric} is logged at other steps in {', '.join(label(r) for r in runs)} "
+                               f"({'; '.join(str(s[:6]) for s in steps)}): compare runs trained with the same settings")
+    return [series(run, metric) for run in runs]
 
 
 def load_runs(paths) -> dict:

@@ -34,7 +34,7 @@ import math
 import statistics
 
 from .margins import DEFAULT_MARGINS, LOG_SCALE, MARGIN, equivalence_alpha, margin_bound, margin_spec, margin_words
-from .runs import METRIC_KEYS, label, series
+from .runs import METRIC_KEYS, aligned, label, series
 from .sequential import ALPHA, LOOKS, boundaries, holm, look, nominal, sd_shrink, t_quantile, two_sided_p
 from .stats import StatsError
 
@@ -263,6 +263,7 @@ def noise_floor(reference_runs: list[dict], metric: str) -> dict | None:
     curves = [series(r, metric) for r in reference_runs]
     if len(curves) < 2 or any(c is None for c in curves):
         return None
+    curves = aligned(reference_runs, metric)
     per_step = list(zip(*curves, strict=True))
     pairs = [(i, j) for i in range(len(curves)) for j in range(i + 1, len(curves))]
     return {

@@ -33,9 +33,11 @@ def curves(runs: dict[str, list[dict]], reference: str, out: Path) -> None:
             values = _series(backend_runs[0], metric)
             if values is None:
                 continue
-            x = [step["step"] for step in backend_runs[0]["steps"]]
+            x = ([step["step"] for step in backend_runs[0]["steps"]] if metric == "wall_s"
+                 else run_files.logged_steps(backend_runs[0], metric))  # some metrics only at some steps
             if backend == reference and len(backend_runs) > 1:
-                band = [_series(r, metric) for r in backend_runs]
+                band = ([_series(r, metric) for r in backend_runs] if metric == "wall_s"
+                        else run_files.aligned(backend_runs, metric))
                 ax.fill_between(x, [min(v) for v in zip(*band)], [max(v) for v in zip(*band)], color=colours[backend],
                                 alpha=0.2, label=f"{backend}: {len(backend_runs)} seeds, lowest to highest")
             ax.plot(x, values, color=colours[backend], linewidth=2.2 if backend == reference else 1.6,
