@@ -63,6 +63,14 @@ def test_a_served_job_has_its_own_arguments_folder_streams_and_exit_status(serve
     assert err == "to stderr\n"
 
 
+def test_a_job_whose_shell_prompt_differs_is_served(server):
+    """An activated venv exports PS1; the shell that runs a job's command passes another on: still served."""
+    proc = job(server, "run", "0", env={"PS1": "(.venv) $ ", "PROMPT_COMMAND": "true"})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "[job server] running in the workflow's job server" in out
+
+
 def test_a_job_whose_environment_differs_runs_in_its_own_process(server):
     proc = job(server, "run", "0", env={"SOMETHING_ELSE": "1"})
     out, err = proc.communicate(timeout=60)

@@ -38,7 +38,10 @@ PRELOAD_ATTRIBUTES = (("trl", "GRPOTrainer"), ("trl", "GRPOConfig"), ("transform
 # (OpenBLAS, MKL) do linear algebra no job of the workflow times or depends on.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-PER_JOB = frozenset((*THREAD_VARIABLES, "TMPDIR", "TMP", "TEMPDIR", "TEMP", "PWD", "OLDPWD", "SHLVL", "_"))
+# A shell's prompt and terminal settings: a venv's activate exports its PS1, which the shell running a job's command
+# does not pass on alike; nothing a job runs reads them
+SHELL_ONLY = ("PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "COLUMNS", "LINES")
+PER_JOB = frozenset((*THREAD_VARIABLES, *SHELL_ONLY, "TMPDIR", "TMP", "TEMPDIR", "TEMP", "PWD", "OLDPWD", "SHLVL", "_"))
 
 
 def _differs(request: dict, environment: dict) -> str | None:
