@@ -35,6 +35,8 @@ STUDIES = [
     ("a faulted reference without saying so", lambda c, d: c.update(backends=["hf+temperature_up", "cb_paged"],
                                                                     reference="hf+temperature_up"),
      "reference: 'hf+temperature_up' has an injected fault: every verdict would be against a sampler known to be wrong"),
+    ("two runs a backend, which reach no planned look", lambda c, d: c.update(replicates={"reference": 3, "others": 2}),
+     "replicates.others: 2 runs reach no planned look of the training verdict"),
     ("thousands of runs (planning them took minutes)", lambda c, d: c.update(replicates={"reference": 1000, "others": 3}),
      "replicates.reference: 1000 is greater than the maximum of 100"),
     ("a number YAML reads as text", lambda c, d: c["grpo"].update(learning_rate="5e-4"),

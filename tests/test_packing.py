@@ -205,7 +205,7 @@ def test_speed_runs_last_needs_a_memory_setting(tiny_config):
 
 def test_speed_runs_last_wait_for_every_packed_run_so_that_the_gpu_is_emptied_once(tmp_path):
     config = tiny_packed(jobs_per_gpu=3, memory_gb=2.0, speed_runs="last")
-    config.update(backends=["hf", "hf_static"], reference="hf", steps=[4, 5], replicates={"reference": 3, "others": 2})
+    config.update(backends=["hf", "hf_static"], reference="hf", steps=[4, 5], replicates={"reference": 3, "others": 3})
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
     result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
                              str(tmp_path), "-n", "results/stats/grpo_hf_static_4.json", "--resources", "gpu=1",

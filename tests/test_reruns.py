@@ -178,7 +178,7 @@ def test_two_studies_keep_their_reports_apart_share_finished_runs_and_make_repor
     first = (project / "results/grpo_equivalence.md").read_bytes()
     config = yaml.safe_load((project / "study.yaml").read_text())
     del config["results"]
-    config.update(backends=["hf", "cb_paged"], steps=[4], replicates={"reference": 2, "others": 2},
+    config.update(backends=["hf", "cb_paged"], steps=[4], replicates={"reference": 3, "others": 3},
                   rollout_check=SMALL_ROLLOUT_CHECK, trainer_check=False)
     (project / "second.yaml").write_text(yaml.safe_dump(config))
     second = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--config", "study=second.yaml"],
@@ -187,7 +187,7 @@ def test_two_studies_keep_their_reports_apart_share_finished_runs_and_make_repor
     assert (project / "results/grpo_equivalence.md").read_bytes() == first
     report = (project / "results/second/grpo_equivalence.md").read_text()
     assert "| cb_paged |" in report and "hf_static" not in report
-    for run in ("hf_4", "hf_4_seed3408", "cb_paged_4", "cb_paged_4_seed3408"):
+    for run in ("hf_4", "hf_4_seed3408", "hf_4_seed3409", "cb_paged_4", "cb_paged_4_seed3408", "cb_paged_4_seed3409"):
         assert "restored from the run cache" in (project / f"results/second/logs/train/{run}.log").read_text(), run
     shutil.copy2(ROOT / "Makefile", project / "Makefile")
     venv = Path(sys.executable).parents[1]  # the one running these tests: make neither creates nor installs it
@@ -197,3 +197,12 @@ def test_two_studies_keep_their_reports_apart_share_finished_runs_and_make_repor
         assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-3000:]
         html = project / folder / "report.html"
         assert f"report: {folder}/report.html" in made.stdout and html.stat().st_size > 10_000
+
+
+def test_a_learning_rate_change_reruns_training_and_the_trainer_check_not_the_checks_that_sample(project, edit):
+    """The rollout checks and the trainer check's batch sample at fixed weights: the learning rate (an optimiser
+    setting) does not change what they sample, and they do not rerun; every train job and every trainer check does."""
+    edit("study.yaml", lambda t: t.replace("learning_rate: 0.0005", "learning_rate: 0.0004"))
+    jobs = rules(plan(project))
+    assert "rollout_check" not in jobs and "trainer_batch" not in jobs, jobs
+    assert jobs["train"] == sum(SEEDS.values()) * len(STEPS) and jobs.get("trainer_check", 0) >= len(BACKENDS)

@@ -27,7 +27,7 @@ from grpo_equivalence.runtime.jobs import args_file
 from grpo_equivalence.runtime.paths import SCHEMA
 from grpo_equivalence.study import gpushare, runcache, schedule
 from grpo_equivalence.study.config import (RANDOM, ROLLOUT_VERDICT_ONLY, TINY, ConfigError, load_study,
-                                          results_folder, study_name, with_overrides)
+                                          results_folder, sampling_settings, study_name, with_overrides)
 from grpo_equivalence.study.inputs import (CHAT_TEMPLATE_STUDY, architecture_path, chat_template_file, is_local,
                                            local_input_files)
 from grpo_equivalence.study.validate import check

@@ -156,10 +156,10 @@ def get_train_settings(wildcards):
 
 
 def get_rollout_settings(wildcards):
-    """What a rollout check depends on: the training settings at its seed, and the check's own but those only its
-    verdict reads."""
+    """What a rollout check depends on: the training settings at its seed but the optimiser's and the loss's (it samples
+    at fixed weights), and the check's own but those only its verdict reads."""
     check = {k: v for k, v in config["rollout_check"].items() if k not in ROLLOUT_VERDICT_ONLY}
-    return {**get_train_settings(wildcards), "rollout_check": check}
+    return {**sampling_settings(get_train_settings(wildcards)), "rollout_check": check}
 
 
 def rollout_checks():

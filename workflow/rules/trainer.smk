@@ -12,7 +12,7 @@ rule trainer_batch:
         out(paths.TRAINER_BATCH),
     params:
         settings=lambda wildcards: job_args(
-            config=get_trainer_settings(REFERENCE, ""),
+            config=sampling_settings(get_trainer_settings(REFERENCE, "")),  # it samples: the optimiser's settings aside
             backend=REFERENCE,
             model_path=model_path(),
             dataset=dataset_spec(),

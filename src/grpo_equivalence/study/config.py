@@ -25,6 +25,20 @@ def with_defaults(name: str, section: dict | None) -> dict:
     return {**defaults, **(section or {})}
 
 
+# grpo settings that act on the loss, the gradient and the optimizer only: what a job that samples at fixed weights
+# (the rollout check, the trainer check's batch) does not depend on, so that changing one reruns no such job
+OPTIMISATION_ONLY = ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio",
+                     "weight_decay", "optim", "optim_args", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
+                     "beta", "epsilon", "epsilon_high", "delta", "loss_type", "scale_rewards",
+                     "mask_truncated_completions", "vllm_importance_sampling_correction", "top_entropy_quantile")
+
+
+def sampling_settings(settings: dict) -> dict:
+    """A job's settings (get_train_settings') without OPTIMISATION_ONLY's grpo keys and the step recorder's."""
+    return {**{k: v for k, v in settings.items() if k != "recorder"},
+            "grpo": {k: v for k, v in settings["grpo"].items() if k not in OPTIMISATION_ONLY}}
+
+
 # rollout_check settings only the verdict reads: a rollout-check job does not depend on them (changing one reruns no
 # check, only the report)
 ROLLOUT_VERDICT_ONLY = ("support_margin", "numerics_ratio", "numerics_floor")

@@ -47,6 +47,10 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
         problems += [f"grpo: backend 'native' samples with temperature, top_k, top_p and min_p only; this study also "
                      f"sets {', '.join(found)}: remove them, or drop 'native'" for found in [native_problems(
                          config["grpo"])] if found]
+    for side in ("reference", "others"):
+        if _get(config, "replicates", side, kind=int) == 2:
+            problems.append(f"replicates.{side}: 2 runs reach no planned look of the training verdict (the first is at 3 "
+                            f"runs of each backend): set 3 for a verdict, or 1 for speed and memory alone")
     from ..analysis.margins import LOG_SCALE
 
     for metric, spec in (_get(config, "verdict", "margins", kind=dict) or {}).items():
