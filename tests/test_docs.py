@@ -164,3 +164,19 @@ def test_the_readmes_calibration_table_is_the_grid_of_the_verdicts_page():
     most = lambda col: max(row[col] for row in grid)  # noqa: E731
     assert f"| fixed (ratio, units) | at most {most(2):.1f} % | at most {most(5):.1f} % | {power(6)} % |" in readme
     assert f"| 1 SD of the reference's runs | at most {most(2):.1f} % | at most {most(3):.2f} % | {power(4)} % |" in readme
+
+
+def test_no_description_of_the_schema_is_cut_at_a_comma():
+    """In a YAML flow mapping ({type: ..., description: ...}) an unquoted comma ends the description: the reference
+    page showed four cut off. Every flow-mapped description with a comma is quoted."""
+    cut = [line.strip() for line in (ROOT / "workflow/schemas/config.schema.yaml").read_text().splitlines()
+           if (m := re.search(r"\{.*description: (?![\"'])(.*)\}\s*$", line)) and "," in m.group(1)]
+    assert not cut, cut
+
+
+def test_no_committed_report_or_page_links_a_file_that_does_not_exist():
+    """Every Markdown file under docs (the example reports with their figures among them): each relative link and
+    image leads to a file of the project."""
+    missing = [f"{page.relative_to(ROOT)} -> {target}" for page in sorted((ROOT / "docs").rglob("*.md"))
+               for target in links(page) if not (page.parent / target).exists()]
+    assert not missing, missing
