@@ -55,5 +55,9 @@ rule prime:
         conda_env("cpu")
     log:
         shared_log_for("prime"),
+    # The study's longest job on a CPU, silent on the console otherwise: what it does and where its progress shows
+    message:
+        "Priming the tiny model on the answer format: {config[tiny][prime_steps]} SFT steps, a few minutes on two cores "
+        "(every 20 steps a line in {log})"
     shell:
         JOB_COMMAND
