@@ -10,6 +10,7 @@ from ..analysis.compare import COMPARED, NOT_LOGGED, compare
 from ..analysis.summary import DEFAULT_SKIP, summarise
 from ..runtime.paths import CURVES_FIGURE, SPEED_FIGURE, TEMPLATES
 from ..training import faults
+from . import answer
 from .sections import NOT_RECORDED, SHARED_GPU, reference_run, step_tables, study_settings, warnings_by_backend
 
 TEMPLATE = TEMPLATES / "grpo_equivalence.md.j2"
@@ -57,11 +58,13 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     env.filters["num"] = _num
     env.filters["sig"] = _sig
     env.filters["cell"] = _cell
+    env.tests["search"] = lambda value, text: text in (value or "")
     groups = run_files.group_runs(runs)
     primaries = [group[0] for group in groups.values()]
+    tables = step_tables(summaries, comparisons, groups, reference, alpha=alpha, margin=margin, margins=margins)
+    skip = summaries[0]["median_over_steps"][0] - 1 if summaries else DEFAULT_SKIP
     return env.get_template(Path(template).name).render(
-        reference=reference, tables=step_tables(summaries, comparisons, groups, reference, alpha=alpha, margin=margin,
-                                                    margins=margins),
+        reference=reference, tables=tables, answer=answer.rows(tables, groups, reference, skip, rollout, trainer),
         report_risk=report_risk(comparisons, alpha),
         metrics=COMPARED, summaries={m: text for m, (text, _) in verdict.SUMMARIES.items()}, looks=verdict.LOOKS,
         verdicts=verdict, not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, shared_gpu=SHARED_GPU,
