@@ -53,7 +53,7 @@ STUDIES = [
      lambda c, d: c.update(dataset={"path": "json", "data_files": write_data(d / "q.jsonl", '{"question": "1+1", "solution": "2"}\n')}),
      "q.jsonl has no column 'prompt' (columns: question, solution); set dataset.prompt_column"),
     ("a csv data file without the answer column the study's rewards take",
-     lambda c, d: c.update(dataset={"path": "csv", "data_files": write_data(d / "q.csv", "prompt,result\n1+1,2\n")}),
+     lambda c, d: c.update(dataset={"path": "csv", "data_files": write_data(d / "q.csv", "prompt,result\n1+1,2\n2+2,4\n")}),
      "reward 'check_answer' takes 'answer', a column the data set does not have (its columns: prompt, result)"),
     ("a csv data file with only its header",
      lambda c, d: c.update(dataset={"path": "csv", "data_files": write_data(d / "h.csv", "prompt,solution\n\n")}),
@@ -66,6 +66,17 @@ STUDIES = [
      "grpo.logging_steps: set by the workflow, not the study: the statistics need one log per optimizer step"),
     ("a file builder without data_files", lambda c, d: c.update(dataset={"path": "json"}),
      'dataset.data_files: the "json" builder reads local files; name them in dataset.data_files'),
+    ("a data set of one problem (a run trained 0 steps, and was cached)",
+     lambda c, d: (d / "one.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n') and c.update(
+         dataset={"path": "json", "data_files": str(d / "one.jsonl")}),
+     "dataset: 1 problem(s), fewer than one step's 2 prompts"),
+    ("bytes that are not UTF-8 in a JSON lines file",
+     lambda c, d: (d / "latin.jsonl").write_bytes(b'{"prompt": "1+1", "answer": "2"}\n{"prompt": "caf\xe9", '
+                                                   b'"answer": "1"}\n') and c.update(
+         dataset={"path": "json", "data_files": str(d / "latin.jsonl")}),
+     "latin.jsonl is not UTF-8 at line 2 (byte 48: b'\\xe9'); save it as UTF-8 text"),
+    ("completions as long as the sequence", lambda c, d: c["grpo"].update(max_completion_length=4096),
+     "grpo.max_completion_length: 4096 tokens leave no room for a prompt within max_seq_length 256"),
 ]
 
 
@@ -78,7 +89,7 @@ def test_bad_study(tiny_config, tmp_path, what, change, message):
 
 
 @pytest.mark.parametrize("name, text", [("sheet.csv", "prompt,solution\n1+1,2\n2+2,4\n"),
-                                        ("lines.jsonl", '{"prompt": "1+1", "solution": "2"}\n')])
+                                        ("lines.jsonl", '{"prompt": "1+1", "solution": "2"}\n{"prompt": "2+2", "solution": "4"}\n')])
 def test_a_data_file_with_a_byte_order_mark_is_read_as_load_dataset_reads_it(tiny_config, tmp_path, name, text):
     """A UTF-8 byte-order mark, as spreadsheet programs save CSV, is not part of the first column's name."""
     from grpo_equivalence.training.data import load_problems
@@ -326,3 +337,32 @@ def test_a_sampling_setting_native_does_not_implement_is_refused_by_name_before_
         assert f"{name}=" in str(error.value)
     tiny_config["grpo"].update(repetition_penalty=1.0, generation_kwargs={"top_k": 5, "use_cache": True})
     check(tiny_config)  # implemented, neutral, or off
+
+
+def test_a_key_set_twice_in_a_study_file_is_refused_with_its_line(tmp_path):
+    """YAML keeps the last of two equal keys without a word: the study file is refused, naming the line."""
+    from grpo_equivalence.study.config import load_study
+
+    path = tmp_path / "study.yaml"
+    path.write_text("name: twice\ngrpo:\n  learning_rate: 5.0e-4\n  learning_rate: 1.0e-3\n")
+    with pytest.raises(ConfigError, match="study.yaml:4: 'learning_rate' is set twice in one mapping"):
+        load_study(path)
+
+
+@pytest.mark.parametrize("returns, message", [
+    (lambda n: ["good"] * n, "returned 'good', not a number (or None) per completion"),
+    (lambda n: 1.0, "returned float, not a number (or None) per completion"),
+    (lambda n: [1.0] * (n + 1), "returned 3 values for 2 completions"),
+    (lambda n: 1 / 0, "raised ZeroDivisionError: division by zero; fix that function"),
+])
+def test_a_reward_that_fails_or_returns_what_trl_cannot_use_is_named_in_the_error(returns, message):
+    from grpo_equivalence.training import rewards
+
+    def mine(completions, **kwargs):
+        return returns(len(completions))
+
+    reward = rewards.named(mine, "studies/x/rewards.py:mine")
+    assert reward.__name__ == "mine"
+    with pytest.raises(rewards.RewardError, match=f"reward studies/x/rewards.py:mine {re.escape(message)}"):
+        reward(prompts=["a", "b"], completions=["x", "y"])
+    assert rewards.named(lambda completions, **k: [0.5, None], "f")(completions=["x", "y"]) == [0.5, None]

@@ -366,3 +366,16 @@ def test_a_full_disk_under_the_jobs_log_loses_lines_not_the_job(tmp_path, unfail
         assert result.returncode == 0 and out.read_text() == "finished", result.stderr[-2000:]
     else:
         assert result.returncode != 0 and not out.exists()
+
+
+def test_a_study_named_with_a_space_runs_its_jobs(tmp_path, primed):
+    """A study's folder holds its name (results/NAME): with a space in it, every job failed with "(its log is
+    empty)", its log path split by the shell. A job of such a study trains and logs."""
+    own_study(tmp_path, primed)
+    config = yaml.safe_load((tmp_path / "study.yaml").read_text())
+    config.pop("results", None)
+    config["name"] = "my study"
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(config))
+    done = run(tmp_path, "run_cache=false", target="results/my study/stats/grpo_hf_4.json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert trained((tmp_path / "results/my study/logs/train/hf_4.log").read_text())

@@ -69,6 +69,25 @@ def results_folder(config: dict, path) -> str:
     return folder
 
 
+class DuplicateKey(Exception):
+    def __init__(self, key, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key set twice in one mapping (where it keeps the last without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_study(path) -> dict:
     """A study file, as Snakemake would read it, but with the file, line and column of a YAML error."""
     path = Path(path)
@@ -79,7 +98,10 @@ def load_study(path) -> dict:
     except (IsADirectoryError, UnicodeDecodeError) as e:
         raise ConfigError(f"study file {path} is not a YAML text file ({type(e).__name__})") from None
     try:
-        study = yaml.safe_load(text)
+        study = yaml.load(text, Loader=_UniqueKeys)
+    except DuplicateKey as e:
+        raise ConfigError(f"{path}:{e.line}: {e.key!r} is set twice in one mapping (YAML keeps the last silently); "
+                          f"keep one") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

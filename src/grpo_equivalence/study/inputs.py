@@ -94,6 +94,38 @@ def local_input_files(config: dict) -> list[str]:
     return [str(p) for p in dict.fromkeys(found)]
 
 
+def _not_utf8(path: Path) -> str | None:
+    """Where a text file stops being UTF-8 (line and byte), or None: load_dataset would fail only in a train job."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return f"is not UTF-8 at line {line} (byte {e.start}: {data[e.start:e.start + 1]!r})"
+    return None
+
+
+def data_rows(config: dict) -> int | None:
+    """How many problems the study's local data files hold (json lines: non-empty lines; csv: rows after the
+    header); None where that cannot be known here (the tiny data set, a hub data set, a pattern, another layout)."""
+    dataset = config.get("dataset") or {}
+    files = dataset.get("data_files")
+    if dataset.get("path") not in ("json", "csv") or not files:
+        return None
+    if _local_data(dataset)[0]:  # a file of other problems: those are said, not its size
+        return None
+    total = 0
+    for name in [files] if isinstance(files, str) else files:
+        path = Path(name).expanduser()
+        if any(c in name for c in "*?[") or "://" in name or not path.is_file():
+            return None
+        lines = [line for line in path.read_text(encoding="utf-8-sig", errors="replace").splitlines() if line.strip()]
+        if dataset["path"] == "json" and not (lines and lines[0].lstrip().startswith("{")):
+            return None
+        total += len(lines) - (1 if dataset["path"] == "csv" else 0)
+    return total
+
+
 def _local_data(dataset: dict) -> tuple[list[str], set[str] | None]:
     """The data files of a file builder checked (there, not empty, with the prompt column, its first prompt text or
     chat messages, json lines and csv read), and the columns every file has (None where one cannot be read here)."""
@@ -112,6 +144,9 @@ def _local_data(dataset: dict) -> tuple[list[str], set[str] | None]:
         if not path.is_file():
             problems.append(f"dataset.data_files: {name} does not exist; fix the path (relative to the folder snakemake "
                             f"runs in)")
+            continue
+        if (problem := _not_utf8(path)) is not None:
+            problems.append(f"dataset.data_files: {name} {problem}; save it as UTF-8 text")
             continue
         # utf-8-sig: a byte-order mark (as spreadsheet programs save CSV) is not part of the first column's name
         with open(path, encoding="utf-8-sig", errors="replace") as f:

@@ -6,7 +6,8 @@ so that a user fixes the config in one go rather than one error per run.
 
 from ..training.grpo_fields import grpo_field_problems
 from .config import RANDOM, TINY, ConfigError, schema_problems
-from .inputs import CHAT_TEMPLATE_STUDY, chat_template_file, data_columns, input_problems, random_model_problems
+from .inputs import CHAT_TEMPLATE_STUDY, chat_template_file, data_columns, data_rows, input_problems, \
+    random_model_problems
 
 TINY_MODEL_KEYS = ("hidden_size", "num_layers", "prime_steps", "prime_batch_size", "prime_learning_rate")
 
@@ -47,6 +48,22 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
         problems += [f"grpo: backend 'native' samples with temperature, top_k, top_p and min_p only; this study also "
                      f"sets {', '.join(found)}: remove them, or drop 'native'" for found in [native_problems(
                          config["grpo"])] if found]
+    rows = data_rows(config) if isinstance(config.get("dataset"), dict) else None
+    batch, generations = _get(config, "grpo", "per_device_train_batch_size", kind=int), \
+        _get(config, "grpo", "num_generations", kind=int)
+    if rows is not None and batch and generations:
+        accumulation = _get(config, "grpo", "gradient_accumulation_steps", kind=int) or 1
+        processes = max(1, _get(config, "gpus_per_train_job", kind=int) or 1)
+        prompts = max(1, batch * accumulation * processes // generations)
+        if rows < prompts:
+            problems.append(f"dataset: {rows} problem(s), fewer than one step's {prompts} prompts "
+                            f"(per_device_train_batch_size x gradient_accumulation_steps / num_generations): a run would "
+                            f"train 0 steps; give more problems, or a smaller batch")
+    completion, sequence = _get(config, "grpo", "max_completion_length", kind=int), _get(config, "max_seq_length", kind=int)
+    if completion and sequence and completion >= sequence:
+        problems.append(f"grpo.max_completion_length: {completion} tokens leave no room for a prompt within "
+                        f"max_seq_length {sequence} (a static KV cache is sized by it); raise max_seq_length above the "
+                        f"longest prompt plus {completion}, or lower max_completion_length")
     for side in ("reference", "others"):
         if _get(config, "replicates", side, kind=int) == 2:
             problems.append(f"replicates.{side}: 2 runs reach no planned look of the training verdict (the first is at 3 "

@@ -188,11 +188,44 @@ def missing_columns(functions, columns) -> list[str]:
 
 
 def load(specs: list[str], eos_token: str | None) -> list:
-    """The reward functions of `specs` (resolved), in order: the study's set expands to its four."""
+    """The reward functions of `specs` (resolved), in order: the study's set expands to its four; a study's own
+    each named in its errors (named)."""
     functions = []
     for spec in specs:
-        functions += make_reward_functions(eos_token) if spec == STUDY_SET else [_import(spec)]
+        functions += make_reward_functions(eos_token) if spec == STUDY_SET else [named(_import(spec), spec)]
     return functions
+
+
+class RewardError(RuntimeError):
+    """A study's reward function failed or returned what TRL cannot use: the message names it."""
+
+
+def named(function, spec: str):
+    """`function` as TRL calls it, its errors naming it and its file (`spec`): an exception it raises, and a result
+    that is not one number (or None) per completion, which TRL would turn into "too many dimensions 'str'"."""
+    import functools
+    import numbers
+
+    @functools.wraps(function)
+    def reward(*args, **kwargs):
+        try:
+            values = function(*args, **kwargs)
+        except Exception as error:
+            raise RewardError(f"reward {spec} raised {type(error).__name__}: {error}; fix that function") from error
+        completions = kwargs.get("completions", args[1] if len(args) > 1 else None)
+        bad = None if isinstance(values, (list, tuple)) else type(values).__name__
+        if bad is None:
+            bad = next((repr(v)[:40] for v in values if v is not None and (
+                isinstance(v, bool) or not isinstance(v, numbers.Real))), None)
+        if bad is not None:
+            raise RewardError(f"reward {spec} returned {bad}, not a number (or None) per completion; return a list of "
+                              f"floats")
+        if completions is not None and len(values) != len(completions):
+            raise RewardError(f"reward {spec} returned {len(values)} values for {len(completions)} completions; return "
+                              f"one per completion")
+        return values
+
+    return reward
 
 
 def problems(specs: list[str], reward_weights=None, written: list[str] | None = None, columns=None) -> list[str]:
