@@ -297,6 +297,27 @@ def test_a_tampered_cache_entry_is_refused_and_the_run_trained_again(own):
     assert trained(log) and max(rewards(own)) < max(honest) + 5
 
 
+def test_a_cache_entry_trained_with_another_studys_settings_is_refused(own):
+    """An entry of the same backend, steps and seed trained with another learning rate (another study's), with a
+    digest that checks out, placed under this study's key: refused, naming the setting, and the run trained."""
+    import hashlib
+
+    entries = sorted((own / "results/cache/runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    entry = [p for p in entries if p.name != runkey.DIGESTS][-1]
+    data = json.loads(entry.read_text())
+    data["requested_grpo"]["learning_rate"] = 1.0e-3
+    text = json.dumps(data)
+    entry.write_text(text)
+    entry.with_suffix(".sha256").write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
+    (own / RUN).unlink()
+    result = run(own)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (own / LOG).read_text()
+    assert "refused: it was trained with other settings than this study's (learning_rate 0.001 where this study " \
+           "asks 0.0005" in log, log[-2000:]
+    assert trained(log)
+
+
 def test_a_full_disk_at_the_end_of_training_loses_nothing(own):
     """results/stats is a 4 kB tmpfs while the job trains: it fails naming the path, and the next run restores
     the run it finished instead of training it again."""

@@ -102,6 +102,21 @@ def test_an_entry_holding_another_jobs_run_is_refused_and_set_aside(tmp_path):
     assert runcache.restore(this_job, tmp_path / "out.json", log=said.append)["backend"] == "hf"
 
 
+def test_an_entry_asked_with_other_settings_is_refused(tmp_path):
+    """The run an entry holds was asked for with the grpo settings it records: another study's (another learning
+    rate) is refused, naming the setting; the study's own is restored."""
+    run = make_stats("hf", 5)
+    run["requested_grpo"] = {"learning_rate": 1.0e-3, "seed": 3407}
+    stored(tmp_path, run)
+    said = []
+    this_job = job(tmp_path, requested={"learning_rate": 5.0e-4, "seed": 3407})
+    assert runcache.restore(this_job, tmp_path / "out.json", log=said.append) is None
+    assert "learning_rate 0.001 where this study asks 0.0005" in said[0]
+    run["requested_grpo"] = this_job.requested
+    stored(tmp_path, run)
+    assert runcache.restore(this_job, tmp_path / "out.json", log=said.append)["backend"] == "hf"
+
+
 def test_a_job_snakemake_was_told_to_rerun_does_not_restore(tmp_path):
     stored(tmp_path)
     assert runcache.restore(job(tmp_path, restore_allowed=False), tmp_path / "out.json") is None

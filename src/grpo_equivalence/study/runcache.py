@@ -111,6 +111,7 @@ class JobCache:
     # the run this job trains ({"backend", "max_steps", "seed"}): an entry holding another is never restored, as when
     # one key's entry and digest were copied over another's
     run: dict | None = None
+    requested: dict | None = None  # the grpo settings this job's study asks for: an entry trained with others is refused
 
     def places(self) -> list[Path]:
         """The cache, then the rescue folders that exist and are this user's alone."""
@@ -130,6 +131,7 @@ def for_job(args: dict, settings: dict) -> JobCache:
     return JobCache(key(settings, args["code"], args["inputs"], identity), "",
                     run={"backend": args["backend"], "max_steps": int(args["steps"]),
                          "seed": args["config"]["grpo"]["seed"]},
+                    requested=json.loads(json.dumps(args["config"]["grpo"])),
                     restore_allowed=str(args["out"]) not in forced, log_file=log_file,
                     adapter=Path(args["adapter"]) if args.get("adapter") else None)
 
@@ -183,6 +185,13 @@ def restore(job: JobCache, out: Path, log=print) -> dict | None:
         if job.run and held != job.run:
             _refuse(path, "it holds the run {} x {} (seed {}), not this job's {} x {} (seed {}): an entry copied over "
                           "another's".format(*held.values(), *job.run.values()), log)
+            continue
+        if job.requested is not None and run.get("requested_grpo") != job.requested:
+            asked = run.get("requested_grpo") or {}
+            differ = sorted(k for k in set(asked) | set(job.requested) if asked.get(k) != job.requested.get(k))
+            _refuse(path, "it was trained with other settings than this study's (" + ", ".join(
+                f"{k} {asked.get(k)!r} where this study asks {job.requested.get(k)!r}" for k in differ[:4]) + (
+                ")" if asked else "none recorded)"), log)
             continue
         if job.adapter is not None:
             shutil.rmtree(job.adapter, ignore_errors=True)

@@ -137,6 +137,8 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
         # GRPOConfig keys by name, settings changed on the trainer by their report name (generation.<key>); the
         # seed every sampler of the run was seeded with; an injected fault (None: the backend as it is)
         "effective_config": config_read,
+        # the grpo settings as the study asked for them: a run restored from the run cache must have been asked the same
+        "requested_grpo": config["grpo"],
         "environment": {**environment.describe(), "gpu_lease": gpu_lease() if callable(gpu_lease) else gpu_lease,
                         "memory_bandwidth_gbs": bandwidth, "torch_compile": compiled,
                         # processes that trained the run together (data parallel, grpo_equivalence.training.parallel)
