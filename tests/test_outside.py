@@ -22,10 +22,14 @@ from grpo_equivalence.training import rewards
 from helpers import SMALL_ROLLOUT_CHECK
 
 REWARD_FILE = '''
+from my_helper import bonus
+
+
 def length_penalty(completions, **kwargs):
-    """Shorter is better: a user's own reward, named by file in the study."""
-    return [-0.01 * len(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+    """Shorter is better: a user's own reward, named by file in the study, with a module of theirs beside it."""
+    return [-0.01 * len(c[0]["content"] if isinstance(c, list) else c) + bonus() for c in completions]
 '''
+HELPER_FILE = "def bonus():\n    return 0.0\n"
 
 def readme_plugin() -> tuple[str, str]:
     """The documented example of a backend from outside (docs/backends.md): its module, and its entry point line."""
@@ -55,6 +59,7 @@ def user_folder(tmp_path_factory, tiny_results):
     copy_tiny(tiny_results, folder)  # primed once
     install_plugin(folder / "site")
     (folder / "my_rewards.py").write_text(REWARD_FILE)
+    (folder / "my_helper.py").write_text(HELPER_FILE)
     study = tiny_yaml()
     study.update(backends=["hf", "greedy_hf"], reference="hf", steps=[4], replicates={"reference": 1, "others": 1},
                  rollout_check=SMALL_ROLLOUT_CHECK, trainer_check=False, rewards=["study", "my_rewards.py:length_penalty"],
@@ -147,6 +152,20 @@ def test_a_changed_reward_file_reruns_the_train_jobs(ran):
         assert "results/stats/grpo_hf_4.json" in plan.stdout and "results/stats/grpo_greedy_hf_4.json" in plan.stdout
     finally:
         path.write_text(saved)
+
+
+def test_a_changed_module_a_reward_file_imports_reruns_the_train_jobs(ran):
+    """my_rewards.py imports my_helper beside it: a change there changes the reward, and reruns what it scored."""
+    path = ran / "my_helper.py"
+    saved = path.read_text()
+    path.write_text(saved.replace("0.0", "0.5"))
+    try:
+        plan = snakemake(ran, "--dry-run")
+        assert plan.returncode == 0, plan.stderr[-2000:]
+        assert "results/stats/grpo_hf_4.json" in plan.stdout and "results/stats/grpo_greedy_hf_4.json" in plan.stdout
+    finally:
+        path.write_text(saved)
+    assert [p.name for p in rewards.local_imports(ran / "my_rewards.py")] == ["my_helper.py"]
 
 
 # --- Checked before any job -------------------------------------------------------------------------------------

@@ -400,3 +400,27 @@ def test_a_study_named_with_a_space_runs_its_jobs(tmp_path, primed):
     done = run(tmp_path, "run_cache=false", target="results/my study/stats/grpo_hf_4.json")
     assert done.returncode == 0, done.stderr[-3000:]
     assert trained((tmp_path / "results/my study/logs/train/hf_4.log").read_text())
+
+
+def test_a_job_started_as_snakemake_is_killed_stops_before_any_work(tmp_path):
+    """kill -9 of Snakemake just after it started a job: the job, still importing, finds no Snakemake among its
+    ancestors any more (pid 1 adopted it) and trained to its end, unwatched. The workflow's mark in the environment
+    names it whatever the job's ancestors: a job whose workflow is gone stops at once, and one whose workflow lives
+    is watched."""
+    from grpo_equivalence.runtime import jobs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    marked = None
+    while marked is None or jobs._start_time(gone.pid) is not None:
+        marked = marked or f"{__import__('socket').gethostname()}:{gone.pid}:{jobs._start_time(gone.pid)}"
+        time.sleep(0.01)
+    gone.wait()
+    script = ("from grpo_equivalence.runtime import jobs; import time; print('watching', jobs.stop_with_workflow(), "
+              "flush=True); time.sleep(0.5); print('worked')")
+    env = {**os.environ, jobs.WORKFLOW_ENV: marked, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143 and "is gone: stopping before any work" in done.stdout, done.stdout + done.stderr
+    assert "worked" not in done.stdout
+    env[jobs.WORKFLOW_ENV] = jobs.workflow_mark()  # this test's process: alive
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and f"watching {os.getpid()}" in done.stdout and "worked" in done.stdout

@@ -249,3 +249,21 @@ print(Path("out/report.md").read_text(), sorted(p.name for p in Path("out").iter
     (line,) = result.stderr.strip().splitlines()
     assert "out/report.md could not be written (No space left on device); the file there is unchanged" in line
     assert result.stdout.strip() == "# the report of yesterday ['report.md']"  # whole, and no .partial beside it
+
+
+def test_a_run_rescued_to_memory_is_restored_in_its_own_checkout_only(tmp_path, monkeypatch):
+    """A run rescued to a memory-backed folder (its own disk full) comes back into the checkout it was trained in;
+    another checkout of the same user, whatever its key, never sees it: each has a folder of its own there."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    monkeypatch.chdir(one)
+    mine = [str(f) for f in runcache.rescue_folders(None)]
+    monkeypatch.chdir(two)
+    theirs = [str(f) for f in runcache.rescue_folders(None)]
+    assert mine and theirs and not set(mine) & set(theirs)
+    assert all(f.startswith(("/run/user/", "/dev/shm/")) for f in mine)
+    folder = runcache._private_folder(Path(mine[-1]))
+    if folder is not None:  # /dev/shm where this machine has one
+        assert folder.is_dir() and not folder.stat().st_mode & 0o077 and not folder.parent.stat().st_mode & 0o077
+        folder.rmdir()

@@ -9,6 +9,7 @@ rule summarise:
         out(paths.SUMMARY),
     params:
         settings=job_args(skip=config["median_skip_steps"]),
+        stamps=lambda wildcards, input: stats_stamps(input),
         script=entry_point("summarise"),
         code=script_code("summarise"),
         io=lambda wildcards, input, output: io_args(stats=input[0], out=output[0]),
@@ -27,6 +28,7 @@ rule compare:
         out(paths.COMPARISON),
     params:
         settings=job_args(**config["verdict"]),
+        stamps=lambda wildcards, input: stats_stamps(input),
         script=entry_point("compare"),
         code=script_code("compare"),
         io=lambda wildcards, input, output: io_args(

@@ -109,7 +109,7 @@ def job_args(**args):
 
 # Every job's command: its script with its two arguments, its output to its log; when it fails, its last line and
 # the log's path on the console (grpo_equivalence.runtime.jobs.last_error), and its status kept
-JOB_COMMAND = ("python {params.script:q} {params.settings:q} {params.io:q} > {log} 2>&1 "
+JOB_COMMAND = ("python {params.script:q} {params.settings:q} {params.io:q} > {log:q} 2>&1 "
                "|| python -m grpo_equivalence.runtime.jobs {log:q} $?")
 
 

@@ -74,6 +74,21 @@ def local_input_stamps(wildcards):
     return job_args(stamps=stamps)
 
 
+def stats_stamps(files):
+    """The statistics files a job reads, each as the file system last saw it change (size, modification and change
+    time; "missing" where there is none), as a param: a file edited by hand, copied back over with its old times
+    (`cp -a` keeps the modification time, not the change time), or deleted reruns what reads it, and a deleted one
+    is made again (restored from the run cache) first. Snakemake's own times miss the last two."""
+    stamps = []
+    for name in map(str, files):
+        try:
+            st = os.stat(name)
+            stamps.append([name, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+        except FileNotFoundError:
+            stamps.append([name, "missing"])
+    return job_args(stamps=stamps)
+
+
 def model_inputs():
     """What a job that loads the study's model and data reads."""
     inputs = {}

@@ -64,6 +64,9 @@ rule train:
 # workflow, however the workflow ends.
 onstart:
     os.environ[runcache.FORCED_ENV] = json.dumps(forced_train_outputs())
+    from grpo_equivalence.runtime import jobs as job_runtime
+
+    os.environ[job_runtime.WORKFLOW_ENV] = job_runtime.workflow_mark()  # a job started as Snakemake dies stops
     if workflow.local_exec:
         pending = sorted({j.wildcards.backend for j in workflow.dag.needrun_jobs() if j.rule.name == "train"})
         if pending:
@@ -81,6 +84,9 @@ onsuccess:
     from grpo_equivalence.runtime import jobserver
 
     jobserver.stop()
+    notes = Path(out(paths.REPORT)).with_name(".report-notes.txt")  # render.NOTES: what the report says loudly
+    if notes.exists():
+        print(notes.read_text(), end="", file=sys.stderr)
 
 
 onerror:

@@ -22,3 +22,10 @@ text = render.render(summaries=[json.loads(Path(p).read_text()) for p in a["summ
                                                     alpha=a["verdict"]["alpha"], settings=a["rollout_check"]),
                      trainer=sections.trainer_section([json.loads(Path(p).read_text()) for p in a.get("trainer", [])]))
 stats.write_text(out, text)
+edited = [str(p) for p in a["stats"] if stats.edited(p)]
+notes = out.with_name(render.NOTES)
+if edited:  # on the console too, at the workflow's end (the Snakefile's onsuccess prints it)
+    stats.write_text(notes, "".join(f"{p} was edited after its train job wrote it: the report's verdicts use it as it "
+                                    f"is now (named in the report)\n" for p in edited))
+elif notes.exists():
+    notes.unlink()

@@ -7,6 +7,7 @@ workflow whose outputs Snakemake marked incomplete) is restored from the run cac
 
 from pathlib import Path
 
+from grpo_equivalence.analysis import stats
 from grpo_equivalence.runtime import jobs
 from grpo_equivalence.study import gpushare, runcache
 from grpo_equivalence.training import parallel, session, train
@@ -38,3 +39,4 @@ if runcache.restore(cache, out) is None:
             torch.set_num_threads(a["threads"])
             train.run(a["config"], a["backend"], a["steps"], model_path=a["model_path"], dataset=a["dataset"], out=out,
                       gpu_lease=lease.record, study=a.get("study", "study"), adapter=a.get("adapter"), write=keep)
+stats.record_digest(out)  # what this job wrote: a later edit by hand is named in the report

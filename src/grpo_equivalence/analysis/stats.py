@@ -62,6 +62,33 @@ def to_json(value) -> str:
     return json.dumps(_encode(value), indent=1, default=str, allow_nan=False) + "\n"
 
 
+def digest_file(path) -> Path:
+    """Where the train job that wrote a statistics file keeps its sha256 (beside it, hidden from a folder's grpo_*.json)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.sha256")
+
+
+def record_digest(path) -> None:
+    """The sha256 of the statistics file a train job has just written (or restored), beside it."""
+    import hashlib
+
+    try:
+        digest_file(path).write_text(hashlib.sha256(Path(path).read_bytes()).hexdigest() + "\n")
+    except OSError:  # a full disk: the file itself was the job's to write; its digest only tells of later edits
+        pass
+
+
+def edited(path) -> bool:
+    """Whether a statistics file's content is not what its train job wrote (False where no digest was kept)."""
+    import hashlib
+
+    try:
+        recorded = digest_file(path).read_text().strip()
+    except OSError:
+        return False
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() != recorded
+
+
 def write(path: Path, stats: dict) -> None:
     """Checks the run against the contract and writes it (write_json)."""
     write_text(path, checked_json(stats, path))

@@ -5,6 +5,7 @@ then the study's settings. What each section shows is computed in sections."""
 from pathlib import Path
 
 from ..analysis import runs as run_files
+from ..analysis import stats as stats_io
 from ..analysis import verdict
 from ..analysis.compare import COMPARED, NOT_LOGGED, compare
 from ..analysis.summary import DEFAULT_SKIP, summarise
@@ -45,6 +46,9 @@ def _num(value, digits: int = 3) -> str:
     return str(value)
 
 
+NOTES = ".report-notes.txt"  # beside the report: what the workflow says on the console at its end
+
+
 def render(*, summaries: list[dict], comparisons: list[dict], reference: str, runs: dict, figures: dict | None = None,
            template: Path = TEMPLATE, rollout: dict | None = None, alpha: float = verdict.ALPHA,
            margin: float = verdict.MARGIN, margins: dict | None = None, trainer: dict | None = None) -> str:
@@ -65,6 +69,7 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     skip = summaries[0]["median_over_steps"][0] - 1 if summaries else DEFAULT_SKIP
     return env.get_template(Path(template).name).render(
         reference=reference, tables=tables, answer=answer.rows(tables, groups, reference, skip, rollout, trainer),
+        edited=sorted(str(path) for path in runs if stats_io.edited(path)),
         report_risk=report_risk(comparisons, alpha),
         metrics=COMPARED, summaries={m: text for m, (text, _) in verdict.SUMMARIES.items()}, looks=verdict.LOOKS,
         verdicts=verdict, not_logged=NOT_LOGGED, not_recorded=NOT_RECORDED, shared_gpu=SHARED_GPU,

@@ -185,6 +185,29 @@ def under_slurm_executor() -> bool:
     return any("--target-jobs" in _argv(pid) for pid in _ancestors() if _is_snakemake(pid))
 
 
+# Set by the workflow before its jobs start (host:pid:start time): a job started just before Snakemake was killed
+# finds no Snakemake among its ancestors any more (it was given to pid 1), and would otherwise train to its end
+WORKFLOW_ENV = "GRPO_EQUIVALENCE_WORKFLOW"
+
+
+def workflow_mark() -> str:
+    """This process, as the jobs it starts find it: its host, pid and start time."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def _marked() -> tuple[int, str | None] | None:
+    """The workflow process the environment names, where it runs on this host: (pid, start time)."""
+    import socket
+
+    host, _, rest = os.environ.get(WORKFLOW_ENV, "").partition(":")
+    pid, _, started = rest.partition(":")
+    if not pid.isdigit() or host != socket.gethostname():  # a cluster node: the workflow runs elsewhere
+        return None
+    return int(pid), started
+
+
 def workflow_process() -> int | None:
     """The Snakemake process this job runs under (its nearest ancestor running snakemake), if any."""
     return next((pid for pid in _ancestors() if _is_snakemake(pid)), None)
@@ -197,10 +220,11 @@ def stop_with_workflow(log=print, poll_s: float = 1.0) -> int | None:
     beside a rerun that `--unlock` allows. A job run by hand has no such process and is not watched.
     Returns the watched process id.
     """
-    pid = workflow_process()
+    marked = _marked()
+    pid = marked[0] if marked else workflow_process()
     if pid is None:
         return None
-    started = _start_time(pid)
+    started = marked[1] if marked else _start_time(pid)
 
     def watch():
         while started is not None and _start_time(pid) == started:  # a recycled pid has another start time
@@ -211,6 +235,10 @@ def stop_with_workflow(log=print, poll_s: float = 1.0) -> int | None:
         time.sleep(30)  # a library that handles SIGTERM itself had its chance to stop cleanly
         os._exit(128 + signal.SIGTERM)
 
+    if _start_time(pid) != started:  # gone before this job looked: stop now, before any work
+        log(f"the workflow that started this job (snakemake, pid {pid}) is gone: stopping before any work; rerun "
+            f"snakemake to run this job again")
+        sys.exit(128 + signal.SIGTERM)
     threading.Thread(target=watch, name="stop-with-workflow", daemon=True).start()
     return pid
 

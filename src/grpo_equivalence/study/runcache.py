@@ -78,7 +78,10 @@ def _adapter_of(path: Path) -> Path:
 
 def _private_folder(path: Path) -> Path | None:
     """`path` made 0700 if absent, or None where it is not a folder of this user's alone (a folder under a
-    shared /dev/shm that someone else made first must not receive this user's run)."""
+    shared /dev/shm that someone else made first must not receive this user's run). The rescue folder above a
+    checkout's own is made the same way."""
+    if path.parent.name.startswith("grpo-equivalence-rescued") and _private_folder(path.parent) is None:
+        return None
     try:
         path.mkdir(mode=0o700, exist_ok=True)  # not its parents: /run/user/<uid> is the system's to make
         info = os.lstat(path)
@@ -94,8 +97,11 @@ def rescue_folders(log_file: Path | None) -> list[Path]:
     if os.environ.get(RESCUE_ENV):
         return [Path(p) for p in os.environ[RESCUE_ENV].split(os.pathsep) if p]
     folders = [Path(log_file).parent / "rescued"] if log_file else []
-    return folders + [Path(f"/run/user/{os.getuid()}/grpo-equivalence-rescued"),
-                      Path(f"/dev/shm/grpo-equivalence-rescued-{os.getuid()}")]
+    # one folder per working directory (checkout): a run rescued there is restored there, never into another
+    # checkout of the same user, which other code or data may not have changed the key of
+    here = hashlib.sha256(str(Path.cwd().resolve()).encode()).hexdigest()[:12]
+    return folders + [Path(f"/run/user/{os.getuid()}/grpo-equivalence-rescued/{here}"),
+                      Path(f"/dev/shm/grpo-equivalence-rescued-{os.getuid()}/{here}")]
 
 
 @dataclass

@@ -5,6 +5,8 @@ keep the study's names. They depend on the tokenizer's EOS token (the exact-form
 the end), hence the factory.
 """
 
+from pathlib import Path
+
 from .answer_format import MATCH_NUMBERS, REASONING_END, SOLUTION_END, SOLUTION_START, match_format
 
 REWARD_NAMES = ("match_format_exactly", "match_format_approximately", "check_answer", "check_numbers")
@@ -125,6 +127,11 @@ def _import(spec: str, written: str | None = None):
             raise RewardSpecError(f"{said!r}: {shown} does not exist; give the file's path (relative to the study file "
                                   f"or the working directory)")
         name = f"grpo_equivalence_user_rewards_{abs(hash(target))}"
+        import sys
+
+        folder = str(Path(target).resolve().parent)
+        if folder not in sys.path:  # the modules beside it import as it expects (their changes rerun: local_imports)
+            sys.path.append(folder)
         module_spec = importlib.util.spec_from_file_location(name, target)
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
@@ -260,6 +267,34 @@ def problems(specs: list[str], reward_weights=None, written: list[str] | None = 
     return found
 
 
+def local_imports(path: Path, seen: set | None = None) -> list[Path]:
+    """The modules beside a reward file that it imports (import helper, from helper import bonus; a package folder
+    beside it too), and theirs in turn: a change in one changes what the reward computes."""
+    import ast
+
+    seen = set() if seen is None else seen
+    found = []
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return found
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    for name in sorted(names):
+        for candidate in (path.parent / f"{name}.py", path.parent / name / "__init__.py"):
+            if candidate.is_file() and candidate.resolve() not in seen:
+                seen.add(candidate.resolve())
+                found += [candidate, *local_imports(candidate, seen)]
+                if candidate.name == "__init__.py":  # a package's other modules too
+                    found += [f for f in sorted(candidate.parent.rglob("*.py")) if f.resolve() not in seen]
+                    seen.update(f.resolve() for f in candidate.parent.rglob("*.py"))
+    return found
+
+
 def code_files(specs: list[str]) -> list[str]:
     """The files of the reward code outside this project (resolved specs): a change in one reruns the jobs."""
     import importlib.util
@@ -270,7 +305,7 @@ def code_files(specs: list[str]) -> list[str]:
             continue
         target, _ = _parts(spec)
         if target.endswith(".py"):
-            files.append(target)
+            files += [target, *(str(f) for f in local_imports(Path(target)))]
         elif not target.startswith(__package__ + "."):
             found = importlib.util.find_spec(target)
             if found is not None and found.origin:
