@@ -156,6 +156,8 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "vLLM's for a vLLM backend), so that the faults are measured against the sampler's own")
     parser.add_argument("--vllm-share", type=float, default=None, help="the GPU memory fraction each vLLM engine "
                         "reserves (default: the backend's; JOBS engines run at once)")
+    parser.add_argument("--resume", action="store_true", help="keep the checks an earlier call of this row left in "
+                        "its folder (same backend, seed, sampling and cap on rounds) and run only the others")
     parser.add_argument("--exact-top-p", action="store_true", help="backend_options exact_top_p: true (trl_vllm: "
                         "vLLM's sort-based top-k/top-p at every batch size, not its Triton kernel)")
     return parser
@@ -273,9 +275,9 @@ def _run_all(jobs: list, args, start: float) -> list:
     from concurrent.futures import FIRST_COMPLETED, wait
 
     width = len(jobs) // args.reps
-    done: dict[int, dict] = {}
+    done = _resumed(jobs) if getattr(args, "resume", False) else {}
     pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
-    pending = {pool.submit(_check, job): i for i, job in enumerate(jobs)}
+    pending = {pool.submit(_check, job): i for i, job in enumerate(jobs) if i not in done}
     try:
         while pending:
             left = args.deadline - (time.perf_counter() - start) if args.deadline else None
@@ -296,6 +298,29 @@ def _run_all(jobs: list, args, start: float) -> list:
             process.terminate()
     whole = [rep for rep in range(args.reps) if all(rep * width + k in done for k in range(width))]
     return [done[rep * width + k] for rep in whole for k in range(width)]
+
+
+def _resumed(jobs: list) -> dict[int, dict]:
+    """The checks an earlier call of this row left in its folder (--resume), by job: kept where the file is a whole
+    check of today's schema by the same backend, seed, sampling and cap on rounds (a call cut short resumes where it
+    stopped; the seeds make a check the same whoever ran it)."""
+    from grpo_equivalence.analysis.stats import StatsError
+    from grpo_equivalence.checks import rollout
+
+    found = {}
+    for i, (backend, seed, out, settings, *_rest) in enumerate(jobs):
+        try:
+            run = rollout.load(out) if Path(out).exists() else None
+        except StatsError:
+            continue
+        wanted = study(**settings)
+        if run and run["backend"] == backend and run["seed"] == seed and run["schema_version"] == \
+                rollout.SCHEMA_VERSION and run["max_rounds"] == wanted["rollout_check"]["max_rounds"] and all(
+                run["sampling"].get(key) == wanted["grpo"][key] for key in SAMPLING_KEYS if key in run["sampling"]):
+            found[i] = run
+    if found:
+        print(f"  {len(found)}/{len(jobs)} checks resumed from {Path(jobs[0][2]).parent}", flush=True)
+    return found
 
 
 def _evidence(rep: int, name: str, comparison: dict) -> dict:

@@ -57,16 +57,16 @@ BY_DIFFICULTY = "def by_difficulty(completions, difficulty, **kwargs):\n    retu
 
 
 def test_a_reward_taking_a_column_the_data_lacks_is_refused_before_any_job(tiny_config, tmp_path):
-    study_with(tiny_config, tmp_path, [{"prompt": "1+1", "solution": "2"}], BY_DIFFICULTY)
+    study_with(tiny_config, tmp_path, [{"prompt": "1+1", "solution": "2"}] * 4, BY_DIFFICULTY)
     with pytest.raises(ConfigError, match="reward 'by_difficulty' takes 'difficulty', a column the data set does not "
                                           "have \\(its columns: answer, prompt, solution\\)"):
         check(tiny_config, [tmp_path])
-    study_with(tiny_config, tmp_path, [{"prompt": "1+1", "solution": "2", "difficulty": 1}], BY_DIFFICULTY)
+    study_with(tiny_config, tmp_path, [{"prompt": "1+1", "solution": "2", "difficulty": 1}] * 4, BY_DIFFICULTY)
     check(tiny_config, [tmp_path])
 
 
 def test_a_data_set_without_an_answer_column_plans_where_no_reward_needs_one(tiny_config, tmp_path):
-    study_with(tiny_config, tmp_path, [{"prompt": [{"role": "user", "content": "1+1"}], "difficulty": 1}],
+    study_with(tiny_config, tmp_path, [{"prompt": [{"role": "user", "content": "1+1"}], "difficulty": 1}] * 4,
                BY_DIFFICULTY)
     check(tiny_config, [tmp_path])
     tiny_config.update(rewards=["study"])  # the study's four take the answer

@@ -203,3 +203,23 @@ def test_a_vocabulary_reported_by_its_largest_logits_is_judged_as_the_whole(sett
     loose = {**settings, "top_k": None, "min_p": None, "top_p": 0.9}
     c = exact.score_own(narrowed, loose, margin=0.1, order="vllm", vocabulary=5000)
     assert any(c["unjudged"]) and not any(o and u for o, u in zip(c["outside"], c["unjudged"], strict=True))
+
+
+@pytest.mark.parametrize("schema, own, readable", [(3, True, True), (3, False, True), (2, False, True),
+                                                   (2, True, False), (1, False, False)])
+def test_a_check_of_before_is_read_where_it_holds_what_todays_holds(schema, own, readable, tmp_path):
+    """A schema-2 file holds what today's file of a backend reporting no logits holds: it is judged by today's tests
+    (docs/performance/rollout-native-4b-rerun). One claiming its sampler's logits, or of schema 1, is refused."""
+    import json
+
+    from grpo_equivalence.analysis.stats import StatsError
+    from grpo_equivalence.checks import rollout
+
+    path = tmp_path / "hf.json"
+    path.write_text(json.dumps({"schema_version": schema, "sampler_logits": "generate" if own else None,
+                                "backend": "hf", "seed": 1, "sampling": {}, "completions": [], "profile": {}}))
+    if readable:
+        assert rollout.load(path)["backend"] == "hf"
+    else:
+        with pytest.raises(StatsError, match=f"written by an earlier check, schema {schema}"):
+            rollout.load(path)

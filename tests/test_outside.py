@@ -18,7 +18,7 @@ import yaml
 from conftest import ROOT, copy_tiny, tiny_yaml
 from grpo_equivalence.study.config import ConfigError
 from grpo_equivalence.study.validate import check
-from grpo_equivalence.training import rewards
+from grpo_equivalence.training import reward_code, rewards
 from helpers import SMALL_ROLLOUT_CHECK
 
 REWARD_FILE = '''
@@ -165,7 +165,7 @@ def test_a_changed_module_a_reward_file_imports_reruns_the_train_jobs(ran):
         assert "results/stats/grpo_hf_4.json" in plan.stdout and "results/stats/grpo_greedy_hf_4.json" in plan.stdout
     finally:
         path.write_text(saved)
-    assert [p.name for p in rewards.local_imports(ran / "my_rewards.py")] == ["my_helper.py"]
+    assert [p.name for p in reward_code.local_imports(ran / "my_rewards.py")] == ["my_helper.py"]
 
 
 # --- Checked before any job -------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from grpo_equivalence.study.config import (RANDOM, ROLLOUT_VERDICT_ONLY, TINY, C
 from grpo_equivalence.study.inputs import (CHAT_TEMPLATE_STUDY, architecture_path, chat_template_file, is_local,
                                            local_input_files)
 from grpo_equivalence.study.validate import check
-from grpo_equivalence.training import backends, rewards
+from grpo_equivalence.training import backends, reward_code, rewards
 from grpo_equivalence.training.faults import split as fault_split
 
 
@@ -80,7 +80,7 @@ REWARD_SPECS = rewards.resolved(config["rewards"], BASES)
 TEMPLATE_FILE = (chat_template_file(config["chat_template"], BASES)
                  if config["chat_template"] not in (None, CHAT_TEMPLATE_STUDY) and "{" not in config["chat_template"]
                  else None)
-STUDY_CODE = rewards.code_files(REWARD_SPECS) + ([str(TEMPLATE_FILE)] if TEMPLATE_FILE else [])
+STUDY_CODE = reward_code.code_files(REWARD_SPECS) + ([str(TEMPLATE_FILE)] if TEMPLATE_FILE else [])
 RESOLVED = {"rewards": REWARD_SPECS, "chat_template": str(TEMPLATE_FILE) if TEMPLATE_FILE else config["chat_template"]}
 BACKENDS = config["backends"]
 REFERENCE = config["reference"]

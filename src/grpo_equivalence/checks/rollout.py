@@ -27,6 +27,9 @@ from . import exact, power, rollout_scoring, scoring
 # Sampling settings the intended distribution is built from (the trainer's, read back from its arguments).
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 SCHEMA_VERSION = 3  # 3: the sampler's own logits (own_*), the numerics; 2: decided positions, two-sided margins
+# A schema-2 file holds what a schema-3 file of a backend that reports no logits holds (the trainer's scores, the
+# same fields): it is read as one, so a check run before today's is judged by today's tests
+READS = (2, SCHEMA_VERSION)
 def family_size(config: dict) -> int:
     """The divergence tests a report judges together (rollout_verdict.finalize), at most: support, score and
     numerics of every backend, the reference's control and the reference's own sampler."""
@@ -197,7 +200,8 @@ OWN_KEYS = ("own_score", "own_variance", "own_scored", "own_decided", "own_outsi
 def load(path) -> dict:
     """A rollout-check file, checked: a StatsError naming the file and the field otherwise."""
     run = stats.read_json(path, what="rollout-check file", fix="rerun its rollout_check job")
-    if not isinstance(run, dict) or run.get("schema_version") != SCHEMA_VERSION:
+    if not isinstance(run, dict) or run.get("schema_version") not in READS or (
+            run.get("schema_version") != SCHEMA_VERSION and run.get("sampler_logits")):
         found = run.get("schema_version") if isinstance(run, dict) else None
         raise stats.StatsError(f"{path}: not a rollout-check file of schema {SCHEMA_VERSION}"
                                f"{f' (written by an earlier check, schema {found})' if found else ''}; rerun its "

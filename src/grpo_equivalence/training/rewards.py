@@ -130,7 +130,7 @@ def _import(spec: str, written: str | None = None):
         import sys
 
         folder = str(Path(target).resolve().parent)
-        if folder not in sys.path:  # the modules beside it import as it expects (their changes rerun: local_imports)
+        if folder not in sys.path:  # the modules beside it import as it expects (their changes rerun: reward_code)
             sys.path.append(folder)
         module_spec = importlib.util.spec_from_file_location(name, target)
         module = importlib.util.module_from_spec(module_spec)
@@ -265,49 +265,3 @@ def problems(specs: list[str], reward_weights=None, written: list[str] | None = 
         found.append(f"grpo.reward_weights: {len(reward_weights)} weight(s) for {len(names)} reward function(s) "
                      f"({', '.join(names)}); give one weight per function")
     return found
-
-
-def local_imports(path: Path, seen: set | None = None) -> list[Path]:
-    """The modules beside a reward file that it imports (import helper, from helper import bonus; a package folder
-    beside it too), and theirs in turn: a change in one changes what the reward computes."""
-    import ast
-
-    seen = set() if seen is None else seen
-    found = []
-    try:
-        tree = ast.parse(path.read_text())
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return found
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
-    for name in sorted(names):
-        for candidate in (path.parent / f"{name}.py", path.parent / name / "__init__.py"):
-            if candidate.is_file() and candidate.resolve() not in seen:
-                seen.add(candidate.resolve())
-                found += [candidate, *local_imports(candidate, seen)]
-                if candidate.name == "__init__.py":  # a package's other modules too
-                    found += [f for f in sorted(candidate.parent.rglob("*.py")) if f.resolve() not in seen]
-                    seen.update(f.resolve() for f in candidate.parent.rglob("*.py"))
-    return found
-
-
-def code_files(specs: list[str]) -> list[str]:
-    """The files of the reward code outside this project (resolved specs): a change in one reruns the jobs."""
-    import importlib.util
-
-    files = []
-    for spec in specs:
-        if spec == STUDY_SET:
-            continue
-        target, _ = _parts(spec)
-        if target.endswith(".py"):
-            files += [target, *(str(f) for f in local_imports(Path(target)))]
-        elif not target.startswith(__package__ + "."):
-            found = importlib.util.find_spec(target)
-            if found is not None and found.origin:
-                files.append(found.origin)
-    return files
