@@ -9,7 +9,7 @@ rule summarise:
         out(paths.SUMMARY),
     params:
         settings=job_args(skip=config["median_skip_steps"]),
-        stamps=lambda wildcards, input: stats_stamps(input),
+        stamps=lambda wildcards: stats_stamps([out(paths.STATS).format(backend=wildcards.backend, steps=wildcards.steps)]),
         script=entry_point("summarise"),
         code=script_code("summarise"),
         io=lambda wildcards, input, output: io_args(stats=input[0], out=output[0]),
@@ -28,7 +28,7 @@ rule compare:
         out(paths.COMPARISON),
     params:
         settings=job_args(**config["verdict"]),
-        stamps=lambda wildcards, input: stats_stamps(input),
+        stamps=lambda wildcards: stats_stamps(sum(get_compare_inputs(wildcards).values(), [])),
         script=entry_point("compare"),
         code=script_code("compare"),
         io=lambda wildcards, input, output: io_args(

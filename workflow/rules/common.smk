@@ -1,4 +1,5 @@
 # Shared by every rule: the package on the path, the study read and checked, and what every job is given.
+import hashlib
 import json
 import os
 import re

@@ -75,15 +75,17 @@ def local_input_stamps(wildcards):
 
 
 def stats_stamps(files):
-    """The statistics files a job reads, each as the file system last saw it change (size, modification and change
-    time; "missing" where there is none), as a param: a file edited by hand, copied back over with its old times
-    (`cp -a` keeps the modification time, not the change time), or deleted reruns what reads it, and a deleted one
-    is made again (restored from the run cache) first. Snakemake's own times miss the last two."""
+    """The statistics files a job reads, each by its content (sha256; "missing" where there is none), as a param: a
+    file edited by hand, copied back over with its old times (`cp -a` keeps the modification time), or deleted reruns
+    what reads it, and a deleted one is made again (restored from the run cache) first. Snakemake's own times miss
+    the last two. Content, not times: a study folder copied or moved elsewhere stays up to date.
+    Call it with the files named from the wildcards, never with a param function's `input`: Snakemake leaves a
+    param derived from `input` out of its rerun decision. The job records the stamps it saw when it ran (Snakemake
+    evaluates params again at run time), so a file rewritten upstream in the same run does not rerun it later."""
     stamps = []
     for name in map(str, files):
         try:
-            st = os.stat(name)
-            stamps.append([name, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+            stamps.append([name, hashlib.sha256(Path(name).read_bytes()).hexdigest()])
         except FileNotFoundError:
             stamps.append([name, "missing"])
     return job_args(stamps=stamps)
@@ -194,6 +196,11 @@ def runs_of(backend, steps):
 def get_compare_inputs(wildcards):
     return {"reference": runs_of(wildcards.reference, wildcards.steps),
             "candidate": runs_of(wildcards.candidate, wildcards.steps)}
+
+
+def curve_runs(steps):
+    """The statistics files one step count's curves are drawn from: every backend's runs."""
+    return [path for backend in BACKENDS for path in runs_of(backend, steps)]
 
 
 def all_stats():

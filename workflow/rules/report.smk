@@ -5,12 +5,12 @@
 
 rule plot_curves:
     input:
-        lambda wildcards: [p for backend in BACKENDS for p in runs_of(backend, wildcards.steps)],
+        lambda wildcards: curve_runs(wildcards.steps),
     output:
         report(out(paths.CURVES_FIGURE), caption="../report/curves.rst", category="Figures", labels={"steps": "{steps}"}),
     params:
         settings=job_args(reference=REFERENCE),
-        stamps=lambda wildcards, input: stats_stamps(input),
+        stamps=lambda wildcards: stats_stamps(curve_runs(wildcards.steps)),
         script=entry_point("plot_curves"),
         code=script_code("plot_curves"),
         io=lambda wildcards, input, output: io_args(stats=list(input), out=output[0]),
@@ -53,7 +53,7 @@ rule render_report:
         report(out(paths.REPORT), caption="../report/equivalence.rst", category="Equivalence"),
     params:
         settings=job_args(reference=REFERENCE, verdict=config["verdict"], rollout_check=config["rollout_check"]),
-        stamps=lambda wildcards, input: stats_stamps(input.stats),
+        stamps=lambda wildcards: stats_stamps(all_stats()),
         script=entry_point("render_report"),
         code=script_code("render_report", files=template_files()),
         io=lambda wildcards, input, output: io_args(
