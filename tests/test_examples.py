@@ -403,3 +403,25 @@ def test_the_filter_orders_agree_at_the_tiny_models_logits_as_the_docs_say():
             for key in ("score", "outside"):
                 assert abs(sampler["vllm"][key] - sampler["transformers"][key]) < 5e-5, (sampling, sampler)
         assert result["fault_effects"]["temperature_down"]["vllm"]["score"] > 0  # the effect is there, in both
+
+
+def test_the_rollout_checks_cpu_rows_are_their_files():
+    """docs/rollout-check.md's table of the sampler judged on its own logits: each row's divergent / equivalent
+    shares, candidate by candidate, are those of its file in docs/faults/cpu-exact/."""
+    import json
+    import re
+
+    lines = (ROOT / "docs" / "rollout-check.md").read_text().splitlines()
+    rows = {"rollout-cpu-tiny-float32": "| T 1.0, min_p 0.05 (tiny), float32 |",
+            "rollout-cpu-tiny-bfloat16": "| T 1.0, min_p 0.05, bfloat16 |",
+            "rollout-cpu-study-bfloat16": "| T 0.1, min_p 0.5 (`config.yaml`'s), bfloat16 |"}
+    columns = ("reference", "control", "temperature_up", "temperature_down", "no_min_p", "no_top_k", "drop_weakest",
+               "fp8_rollout")
+    for name, label in rows.items():
+        result = json.loads((ROOT / "docs" / "faults" / "cpu-exact" / f"{name}.json").read_text())
+        assert result["reps"] == 20 and not result["gpu"], name
+        [row] = [line for line in lines if line.startswith(label)]
+        shown = re.findall(r"(\d+) / (\d+) %", row)
+        wanted = [(str(round(100 * result["counts"][c]["divergent"] / 20)),
+                   str(round(100 * result["counts"][c]["equivalent"] / 20))) for c in columns]
+        assert shown == wanted, (name, shown, wanted)
