@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from packing_results import DECIDED, headline_cells  # noqa: E402
+from benchlib import DECIDED, headline_cells  # noqa: E402
 
 from grpo_equivalence.analysis import stats  # noqa: E402
 from grpo_equivalence.report import render  # noqa: E402

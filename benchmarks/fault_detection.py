@@ -22,59 +22,14 @@ It builds the tiny study's primed model and data first if results/tiny/ lacks th
 import argparse
 import json
 import multiprocessing
-import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MODEL = ROOT / "results/tiny/primed"
-DATA = ROOT / "results/tiny/data/train.jsonl"
-
-
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
-
-
-def study(sampling: str = "tiny", dtype: str = "float32", gpu: bool = False, max_rounds: int = 1,
-          margin: float | None = None, per_call: int | None = None, vllm_share: float | None = None,
-          order: str | None = None, exact_top_p: bool = False) -> dict:
-    """The tiny study, with config.yaml's sampling settings where `sampling` is "study"; `vllm_share`: the GPU
-    memory fraction each vLLM engine reserves (several checks run at once); `exact_top_p`: the option of the
-    backends that have it (trl_vllm: vLLM's sort-based top-k/top-p, not its kernel)."""
-    import yaml
-
-    from grpo_equivalence.study.config import rollout_check_settings
-
-    config = yaml.safe_load((ROOT / "studies/tiny.yaml").read_text())
-    if sampling == "study":
-        real = yaml.safe_load((ROOT / "config.yaml").read_text())["grpo"]
-        config["grpo"].update({key: real[key] for key in SAMPLING_KEYS})
-    config.update(dtype=dtype, gpus_per_train_job=int(gpu))
-    check = {**config.get("rollout_check", {}), "max_rounds": max_rounds}
-    if margin is not None:
-        check["temperature_margin"] = margin
-    if order is not None:  # the filters' order the scorer applies: vLLM's for a backend that samples with vLLM
-        check["order"] = order
-    if per_call is not None:  # how many prompts one generation call takes: speed only, the sampling is the same
-        check["prompts_per_call"] = per_call
-    config["rollout_check"] = rollout_check_settings(check)
-    # backend options the benchmark sets, each given to every backend that has it, beside the study's own
-    wanted = {**({"gpu_memory_utilization": vllm_share} if vllm_share is not None else {}),
-              **({"exact_top_p": True} if exact_top_p else {})}
-    if wanted:
-        from grpo_equivalence.training import backends
-
-        options = dict(config.get("backend_options") or {})
-        for name in backends.names():
-            accepted = {key: value for key, value in wanted.items() if key in backends.get(name).options}
-            if accepted:
-                options[name] = {**options.get(name, {}), **accepted}
-        config["backend_options"] = options
-    return config
+from benchlib import DATA, MODEL, ROOT, SAMPLING_KEYS, arguments, prepare, print_table, quiet, study  # noqa: E402
 
 
 # Per worker process, where checks share sessions: the open session of each base backend, and what closes it
@@ -112,38 +67,6 @@ def _check(job: tuple) -> dict:
     return rollout.check_on(_SESSIONS[base], config, backend, out=Path(out), seed=seed, log=quiet)
 
 
-def quiet(message: str) -> None:
-    """A check's progress lines, dropped: the benchmark prints one line per finished check."""
-
-
-def build_tiny(jobs: int) -> None:
-    """The tiny study's primed model and data, built by the workflow where results/tiny/ lacks them."""
-    if not (MODEL.exists() and DATA.exists()):
-        subprocess.run([sys.executable, "-m", "snakemake", str(MODEL.relative_to(ROOT)), str(DATA.relative_to(ROOT)),
-                        "--cores", str(jobs), "--config", "study=studies/tiny.yaml"], cwd=ROOT, check=True)
-
-
-def arguments(description: str, reps: int, out: str) -> argparse.ArgumentParser:
-    """The options both fault benchmarks take."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--reps", type=int, default=reps)
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--backend", default="hf")
-    parser.add_argument("--out", default=out)
-    parser.add_argument("--sampling", choices=("tiny", "study"), default="tiny",
-                        help="the tiny study's sampling settings, or config.yaml's (the real study's)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--gpu", action="store_true", help="run on the GPU (every check or run shares it; TRL 1.15 "
-                        "trains only there)")
-    parser.add_argument("--max-rounds", type=int, default=1, help="the cap on each check's rounds")
-    parser.add_argument("--first-seed", type=int, default=10_000, help="the first repetition's reference seed")
-    parser.add_argument("--deadline", type=float, default=None, help="seconds after which the checks still running "
-                        "are dropped and the whole repetitions finished are judged")
-    parser.add_argument("--margin", type=float, default=None, help="the score test's temperature margin (default: "
-                        "the study's)")
-    return parser
-
-
 def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of the rollout check's benchmark alone."""
     parser.add_argument("--per-call", type=int, default=None, help="prompts per generation call (default: the "
@@ -161,30 +84,6 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--exact-top-p", action="store_true", help="backend_options exact_top_p: true (trl_vllm: "
                         "vLLM's sort-based top-k/top-p at every batch size, not its Triton kernel)")
     return parser
-
-
-def print_table(columns: tuple, what: str, names, counts: dict, divergent_by: dict, args) -> None:
-    """Per candidate, the share of repetitions of each verdict and how often each test (metric) was divergent."""
-    from grpo_equivalence.analysis import verdict
-
-    print(f"| Candidate | {' | '.join(columns)} | Divergent by {what} ({', '.join(names)}) |")
-    print("| --- | ---: | ---: | ---: | --- |")
-    for name, found in counts.items():
-        share = {k: 100 * v / args.reps for k, v in found.items()}
-        label = {"control": "reseeded reference (control)", "reference": "reference, its own sampler"}.get(
-            name, f"{args.backend}+{name}")
-        print(f"| {label} | {share[verdict.DIVERGENT]:.0f} % | {share[verdict.EQUIVALENT]:.0f} % | "
-              f"{share[verdict.INCONCLUSIVE]:.0f} % | {', '.join(str(divergent_by[name][t]) for t in names)} |")
-
-
-def prepare(args) -> None:
-    """Offline, and the tiny study's model and data built."""
-    os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    if args.gpu:  # vLLM engines started at once are told their KV cache's size rather than measure the device
-        from grpo_equivalence.runtime import quietlock
-
-        os.environ[quietlock.SIZED_ENV] = "1"
-    build_tiny(args.jobs)
 
 
 def main() -> None:

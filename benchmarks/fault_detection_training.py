@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from fault_detection import DATA, MODEL, arguments, prepare, print_table, study  # noqa: E402
+from benchlib import DATA, MODEL, arguments, prepare, print_table, study  # noqa: E402
 
 
 def _train(job: tuple) -> str:

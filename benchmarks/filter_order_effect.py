@@ -17,9 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import against_q, sampled_logits  # noqa: E402
 
 
 def expectations(logits, settings: dict, sampler: dict, order: str) -> dict:
@@ -31,49 +31,6 @@ def expectations(logits, settings: dict, sampler: dict, order: str) -> dict:
 
     ids = torch.zeros((len(logits), 1), dtype=torch.long)
     return against_q(logits, settings, scoring.processors(sampler, order)(ids, logits.clone()))
-
-
-def against_q(logits, settings: dict, drawn_from) -> dict:
-    """A sampler drawing from softmax(`drawn_from`) (its processed logits, -inf where it drops a token), measured
-    against q (transformers' order of `settings` on `logits`): its expected score and its mass outside q's support,
-    averaged over the positions."""
-    import torch
-
-    from grpo_equivalence.checks import scoring
-
-    ids = torch.zeros((len(logits), 1), dtype=torch.long)
-    logq = torch.log_softmax(scoring.processors(settings, "transformers")(ids, logits.clone()), -1)
-    p = torch.softmax(drawn_from, -1)
-    kept = torch.isfinite(logq)
-    entropy = -(logq.exp() * torch.where(kept, logq, 0.0)).sum(-1)
-    score = (p * torch.where(kept, logq + entropy[:, None], 0.0)).sum(-1)
-    return {"score": float(score.mean()), "outside": float((p * (~kept)).sum(-1).mean())}
-
-
-def sampled_logits(sampling: str, prompts: int):
-    """The study's sampling settings and the tiny model's float32 logits (CPU) at every position of the completions
-    `hf` samples for the first `prompts` prompts of the tiny data, num_generations each."""
-    import torch
-
-    import fault_detection
-
-    from grpo_equivalence.checks import rollout, rollout_scoring
-    from grpo_equivalence.training.session import session
-
-    fault_detection.prepare(argparse.Namespace(jobs=2, gpu=False))
-    config = fault_detection.study(sampling=sampling)
-    dataset = {"path": "json", "data_files": str(fault_detection.DATA), "name": None}
-    with session(config, "hf", 1, model_path=str(fault_detection.MODEL), dataset=dataset, seed=1,
-                 log=lambda message: None) as built:
-        trainer = built.trainer
-        rows = [trainer.train_dataset[i] for i in range(prompts)]
-        output = trainer._generate([row["prompt"] for row in rows for _ in range(trainer.num_generations)])
-        records = [{"prompt_ids": list(p), "completion_ids": list(c)} for p, c in zip(output[0], output[1],
-                                                                                    strict=True) if len(c)]
-        trainer.model.eval()
-        with torch.no_grad():
-            logits = torch.cat(rollout_scoring.forward_logits(trainer.model, records, torch.device("cpu"))).float()
-    return {key: config["grpo"][key] for key in rollout.SAMPLING_KEYS}, logits
 
 
 def main() -> None:

@@ -26,23 +26,13 @@ import sys
 import tarfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grpo_equivalence.analysis import runs as run_files
-from grpo_equivalence.analysis import summary, verdict
-from grpo_equivalence.report import render, sections  # noqa: E402
+from benchlib import DECIDED, headline_cells  # noqa: E402
 
-DECIDING = verdict.HEADLINE  # the cells a study is asked to decide
-DECIDED = (verdict.EQUIVALENT, verdict.DIVERGENT)
-
-
-def headline_cells(runs: dict, reference: str) -> list[tuple[str, str, int, dict]]:
-    """(candidate, metric, steps, verdict) of every cell a study is asked to decide, judged as its report judges
-    them, from its runs ({path: stats})."""
-    judged = render.judged(runs, reference)
-    tables = sections.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), reference)
-    return [(pair["candidate"], metric, table["steps"], pair["metrics"][metric]["verdict"])
-            for table in tables for pair in table["pairs"] for metric in DECIDING]
+from grpo_equivalence.analysis import runs as run_files  # noqa: E402
+from grpo_equivalence.analysis import summary  # noqa: E402
+from grpo_equivalence.report import render  # noqa: E402
 
 
 def main(argv=None) -> dict:

@@ -152,12 +152,12 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     top_k_top_p, version = kernel(args.kernel)
-    import filter_order_effect
+    from benchlib import against_q, sampled_logits
 
     from grpo_equivalence.checks import scoring
     from grpo_equivalence.training import faults
 
-    settings, logits = filter_order_effect.sampled_logits(args.sampling, args.prompts)
+    settings, logits = sampled_logits(args.sampling, args.prompts)
     if args.top_p is not None:
         settings = {**settings, "top_p": args.top_p}
     device = "cuda" if args.kernel == "installed" else "cpu"
@@ -174,8 +174,8 @@ def main() -> None:
         rule = torch.isfinite(kernel_rule(scoring.processors({**sampler, "top_p": None}, "vllm")(ids, logits.clone()),
                                           exact.clone(), survivors, sampler.get("top_k"), sampler.get("top_p")))
         several = mine.sum(-1) > 1
-        rows[name] = {"exact": filter_order_effect.against_q(logits, settings, exact),
-                      "kernel": filter_order_effect.against_q(logits, settings, ran)}
+        rows[name] = {"exact": against_q(logits, settings, exact),
+                      "kernel": against_q(logits, settings, ran)}
         kept[name] = {"differs": float((mine != theirs).any(-1).float().mean()),
                       "kernel_drops": float((mine & ~theirs).sum(-1).float().mean()),
                       "kernel_adds": float((theirs & ~mine).sum(-1).float().mean()),

@@ -56,3 +56,34 @@ def test_no_file_past_the_limit():
              ROOT / "Snakefile", *(ROOT / "report_templates").rglob("*.j2")]
     long = {str(Path(f).relative_to(ROOT)): n for f in files if (n := len(Path(f).read_text().splitlines())) > LIMIT}
     assert not long, long
+
+
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Top-level names of every module `path` imports, at top level or inside functions."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_benchmark_imports_another_only_the_shared_helpers():
+    scripts = {path.stem: path for path in BENCHMARKS.glob("*.py")}
+    importing = {name: sorted(_imported_names(path) & (set(scripts) - {"benchlib"}))
+                 for name, path in scripts.items()}
+    assert not {name: found for name, found in importing.items() if found}, importing
+    assert _imported_names(scripts["benchlib"]).isdisjoint(scripts)
+
+
+def test_the_benchmarks_catalogue_lists_every_file_there():
+    catalogue = (BENCHMARKS / "README.md").read_text()
+    missing = [path.name for path in BENCHMARKS.iterdir() if path.is_file() and path.name != "README.md"
+               and f"`{path.name}`" not in catalogue]
+    assert not missing, f"benchmarks/README.md does not list {missing}"
