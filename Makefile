@@ -42,13 +42,22 @@ report: $(VENV)/.installed
 	@folder=$$($(PY) -m grpo_equivalence.study.config results-folder $(STUDY)) && \
 	$(VENV)/bin/snakemake --report "$$folder/report.html" --config study=$(STUDY) && echo "report: $$folder/report.html"
 
+# Every run of the tests is a cold one, as on a new machine and in CI: the caches it fills (torch.compile's and
+# Triton's kernels, Hugging Face's and matplotlib's) live in a folder of the clone, emptied first, never in the
+# user's or the machine's (a warm cache there made a fresh machine's first run twice as long as the docs said).
+TEST_CACHE := $(CURDIR)/.test-cache
+TESTS_COLD = rm -rf $(TEST_CACHE) && mkdir -p $(TEST_CACHE) && \
+	XDG_CACHE_HOME=$(TEST_CACHE) HF_HOME=$(TEST_CACHE)/huggingface MPLCONFIGDIR=$(TEST_CACHE)/matplotlib \
+	TORCHINDUCTOR_CACHE_DIR=$(TEST_CACHE)/inductor TRITON_CACHE_DIR=$(TEST_CACHE)/triton
 # A module's tests stay on one worker (--dist loadfile): its whole-workflow fixture is built once; modules
 # start in tests/conftest.py's order, the longest first (--no-loadscope-reorder).
+PYTEST = $(VENV)/bin/pytest -ra -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
 test: $(VENV)/.installed
-	$(VENV)/bin/pytest -ra -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
+	$(TESTS_COLD) $(PYTEST)
 
 test-fast: $(VENV)/.installed
-	$(VENV)/bin/pytest -ra -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder -m "not workflow"
+	$(TESTS_COLD) $(PYTEST) -m "not workflow"
 
 docs: $(VENV)/.installed
 	$(PY) -m grpo_equivalence.study.reference docs/configuration.md
