@@ -11,9 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from grpo_equivalence.analysis import runs as run_files  # noqa: E402
 from grpo_equivalence.analysis import verdict  # noqa: E402
-from grpo_equivalence.report import render, sections  # noqa: E402
 
 MODEL = ROOT / "results/tiny/primed"
 DATA = ROOT / "results/tiny/data/train.jsonl"
@@ -162,6 +160,9 @@ DECIDED = (verdict.EQUIVALENT, verdict.DIVERGENT)
 def headline_cells(runs: dict, reference: str) -> list[tuple[str, str, int, dict]]:
     """(candidate, metric, steps, verdict) of every cell a study is asked to decide, judged as its report judges
     them, from its runs ({path: stats})."""
+    from grpo_equivalence.analysis import runs as run_files
+    from grpo_equivalence.report import render, sections
+
     judged = render.judged(runs, reference)
     tables = sections.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), reference)
     return [(pair["candidate"], metric, table["steps"], pair["metrics"][metric]["verdict"])

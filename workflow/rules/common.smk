@@ -1,5 +1,4 @@
 # Shared by every rule: the package on the path, the study read and checked, and what every job is given.
-import hashlib
 import json
 import os
 import re
@@ -21,6 +20,7 @@ if (SRC / "grpo_equivalence").is_dir():
     sys.path.insert(0, str(SRC))
     os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p))
 
+from grpo_equivalence.analysis import stats as stats_io
 from grpo_equivalence.report.render import template_files
 from grpo_equivalence.runtime import paths
 from grpo_equivalence.runtime.codedeps import code_hash

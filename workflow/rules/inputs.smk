@@ -85,7 +85,7 @@ def stats_stamps(files):
     stamps = []
     for name in map(str, files):
         try:
-            stamps.append([name, hashlib.sha256(Path(name).read_bytes()).hexdigest()])
+            stamps.append([name, stats_io.content_digest(name)])
         except FileNotFoundError:
             stamps.append([name, "missing"])
     return job_args(stamps=stamps)

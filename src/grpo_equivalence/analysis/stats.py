@@ -6,6 +6,7 @@ this shape can be summarised, compared and reported as well.
 """
 
 import gzip
+import hashlib
 import json
 import math
 import numbers
@@ -64,29 +65,29 @@ def to_json(value) -> str:
 
 def digest_file(path) -> Path:
     """Where the train job that wrote a statistics file keeps its sha256 (beside it, hidden from a folder's grpo_*.json)."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.sha256")
+    return Path(path).with_name(f".{Path(path).name}.sha256")
+
+
+def content_digest(path) -> str:
+    """The sha256 of a file's content (FileNotFoundError where there is none)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def record_digest(path) -> None:
     """The sha256 of the statistics file a train job has just written (or restored), beside it."""
-    import hashlib
-
     try:
-        digest_file(path).write_text(hashlib.sha256(Path(path).read_bytes()).hexdigest() + "\n")
+        digest_file(path).write_text(content_digest(path) + "\n")
     except OSError:  # a full disk: the file itself was the job's to write; its digest only tells of later edits
         pass
 
 
 def edited(path) -> bool:
     """Whether a statistics file's content is not what its train job wrote (False where no digest was kept)."""
-    import hashlib
-
     try:
         recorded = digest_file(path).read_text().strip()
     except OSError:
         return False
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() != recorded
+    return content_digest(path) != recorded
 
 
 def write(path: Path, stats: dict) -> None:
