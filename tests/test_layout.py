@@ -87,3 +87,21 @@ def test_the_benchmarks_catalogue_lists_every_file_there():
     missing = [path.name for path in BENCHMARKS.iterdir() if path.is_file() and path.name != "README.md"
                and f"`{path.name}`" not in catalogue]
     assert not missing, f"benchmarks/README.md does not list {missing}"
+
+
+def test_every_finding_has_its_script_its_output_and_a_row_in_the_findings_page():
+    """findings/NAME/ is one defect: reproduce.py (runs without the workflow: imports nothing of the package), at
+    least one committed output-WHERE.txt with the exit status the script gave (an rc= line; 1: the defect present), and
+    a row of docs/findings.md naming the script."""
+    page = (ROOT / "docs/findings.md").read_text()
+    folders = sorted(p for p in (ROOT / "findings").iterdir() if p.is_dir())
+    assert folders
+    for folder in folders:
+        script = folder / "reproduce.py"
+        assert script.is_file(), f"{folder.name}: no reproduce.py"
+        assert "grpo_equivalence" not in script.read_text(), f"{folder.name}: the script imports the workflow's package"
+        outputs = sorted(folder.glob("output-*.txt"))
+        assert outputs, f"{folder.name}: no committed output"
+        for output in outputs:
+            assert any(line.startswith("rc=") for line in output.read_text().splitlines()), f"{output}: no exit status"
+        assert f"`findings/{folder.name}/reproduce.py`" in page, f"docs/findings.md has no row for {folder.name}"
