@@ -59,8 +59,10 @@ def test_backend_options_reach_the_trainer():
 
 def test_exact_top_p_makes_vllms_sampler_filter_by_sorting_at_every_batch_size(monkeypatch):
     """exact_top_p replaces the top-k/top-p function vLLM's PyTorch sampler looks up at each step by vLLM's own
-    sort-based one, whatever the batch; without it vLLM is left as it is. (vLLM cannot be imported here: a
-    stand-in module in its place, whose dispatcher takes the Triton kernel from 8 rows on as vLLM 0.26's does.)"""
+    sort-based one, whatever the batch, also in a module that imported it by name before (vLLM 0.26's model runner
+    V2, built with the engine before the trainer is prepared); without it vLLM is left as it is. (vLLM cannot be
+    imported here: stand-in modules in its place, whose dispatcher takes the Triton kernel from 8 rows on as vLLM
+    0.26's does.)"""
     from grpo_equivalence.training.backends import _vllm
 
     calls = []
@@ -68,6 +70,9 @@ def test_exact_top_p_makes_vllms_sampler_filter_by_sorting_at_every_batch_size(m
     stand_in.apply_top_k_top_p = lambda logits, k, p: calls.append("triton" if len(logits) >= 8 else "sort")
     stand_in.apply_top_k_top_p_pytorch = lambda logits, k, p: calls.append("sort")
     monkeypatch.setitem(sys.modules, _vllm.SAMPLER_MODULE, stand_in)
+    runner_v2 = types.ModuleType("vllm.v1.worker.gpu.sample.sampler")  # `from ... import apply_top_k_top_p`
+    runner_v2.apply_top_k_top_p = stand_in.apply_top_k_top_p
+    monkeypatch.setitem(sys.modules, runner_v2.__name__, runner_v2)
     trl_vllm = backends.get("trl_vllm")
     spec = types.SimpleNamespace(options={"exact_top_p": False})
     assert trl_vllm.prepare_trainer(None, spec) == []
@@ -77,7 +82,8 @@ def test_exact_top_p_makes_vllms_sampler_filter_by_sorting_at_every_batch_size(m
     assert trl_vllm.prepare_trainer(None, spec) == ["vllm.exact_top_p"]
     sys.modules[_vllm.SAMPLER_MODULE].apply_top_k_top_p([0] * 8, None, None)
     sys.modules[_vllm.SAMPLER_MODULE].apply_top_k_top_p([0] * 2, None, None)
-    assert calls == ["triton", "sort", "sort"]
+    runner_v2.apply_top_k_top_p([0] * 8, None, None)  # the engine's own sampler: sort-based too
+    assert calls == ["triton", "sort", "sort", "sort"]
     del stand_in.apply_top_k_top_p_pytorch  # a vLLM without it: refused by name, not silently left as it is
     with pytest.raises(RuntimeError, match="no apply_top_k_top_p_pytorch"):
         trl_vllm.prepare_trainer(None, spec)
