@@ -405,23 +405,40 @@ def test_the_filter_orders_agree_at_the_tiny_models_logits_as_the_docs_say():
         assert result["fault_effects"]["temperature_down"]["vllm"]["score"] > 0  # the effect is there, in both
 
 
-def test_the_rollout_checks_cpu_rows_are_their_files():
-    """docs/rollout-check.md's table of the sampler judged on its own logits: each row's divergent / equivalent
-    shares, candidate by candidate, are those of its file in docs/faults/cpu-exact/."""
+def test_the_rollout_checks_rows_are_their_files():
+    """docs/rollout-check.md's tables of the sampler judged on its own logits, the CPU's and the GPU's: each row's
+    divergent / equivalent shares, candidate by candidate (those the backend injects), are those of its file in
+    docs/faults/cpu-exact/ or gpu-exact/, with the repetitions the row says."""
     import json
     import re
 
     lines = (ROOT / "docs" / "rollout-check.md").read_text().splitlines()
-    rows = {"rollout-cpu-tiny-float32": "| T 1.0, min_p 0.05 (tiny), float32 |",
-            "rollout-cpu-tiny-bfloat16": "| T 1.0, min_p 0.05, bfloat16 |",
-            "rollout-cpu-study-bfloat16": "| T 0.1, min_p 0.5 (`config.yaml`'s), bfloat16 |"}
+    rows = {("cpu-exact", "rollout-cpu-tiny-float32"): "| T 1.0, min_p 0.05 (tiny), float32 |",
+            ("cpu-exact", "rollout-cpu-tiny-bfloat16"): "| T 1.0, min_p 0.05, bfloat16 |",
+            ("cpu-exact", "rollout-cpu-study-bfloat16"): "| T 0.1, min_p 0.5 (`config.yaml`'s), bfloat16 |",
+            ("gpu-exact", "rollout-hf-tiny-bfloat16"): "| `hf`, T 1.0, min_p 0.05 (tiny) | H200 | 20 |",
+            ("gpu-exact", "rollout-hf-study-bfloat16"): "| `hf`, T 0.1, min_p 0.5 (`config.yaml`'s) | H200 | 2 |",
+            ("gpu-exact", "rollout-trl_vllm-study-bfloat16"): "| `trl_vllm`, T 0.1, min_p 0.5 | H100 | 1 |",
+            ("gpu-exact", "rollout-trl_vllm-study-bfloat16-exact_top_p"):
+                "| `trl_vllm` with `exact_top_p: true`, the same | H100 | 1 |"}
     columns = ("reference", "control", "temperature_up", "temperature_down", "no_min_p", "no_top_k", "drop_weakest",
                "fp8_rollout")
-    for name, label in rows.items():
-        result = json.loads((ROOT / "docs" / "faults" / "cpu-exact" / f"{name}.json").read_text())
-        assert result["reps"] == 20 and not result["gpu"], name
+    for (folder, name), label in rows.items():
+        result = json.loads((ROOT / "docs" / "faults" / folder / f"{name}.json").read_text())
+        reps = result["reps"]
+        assert result["gpu"] == (folder == "gpu-exact") and (reps == 20 or folder == "gpu-exact"), name
         [row] = [line for line in lines if line.startswith(label)]
         shown = re.findall(r"(\d+) / (\d+) %", row)
-        wanted = [(str(round(100 * result["counts"][c]["divergent"] / 20)),
-                   str(round(100 * result["counts"][c]["equivalent"] / 20))) for c in columns]
+        wanted = [(str(round(100 * result["counts"][c]["divergent"] / reps)),
+                   str(round(100 * result["counts"][c]["equivalent"] / reps))) for c in columns if c in result["counts"]]
         assert shown == wanted, (name, shown, wanted)
+    readme = (ROOT / "README.md").read_text().splitlines()  # its table: the tiny sampling's rows, without the reference
+    for where, folder, name in (("CPU", "cpu-exact", "rollout-cpu-tiny-float32"),
+                                ("CPU", "cpu-exact", "rollout-cpu-tiny-bfloat16"),
+                                ("H200", "gpu-exact", "rollout-hf-tiny-bfloat16")):
+        result = json.loads((ROOT / "docs" / "faults" / folder / f"{name}.json").read_text())
+        dtype = name.rsplit("-", 1)[1]
+        [row] = [line for line in readme if line.startswith(f"| {where} | T 1.0, min_p 0.05") and f", {dtype} |" in line]
+        wanted = [(str(round(100 * result["counts"][c]["divergent"] / 20)),
+                   str(round(100 * result["counts"][c]["equivalent"] / 20))) for c in columns[1:]]
+        assert re.findall(r"(\d+) / (\d+) %", row) == wanted, (where, name)
