@@ -4,6 +4,7 @@
 #            results folder
 # make test: the test suite (what CI runs), TEST_JOBS modules at a time
 # make test-fast: the tests that run no whole workflow (the edit loop)
+# make test-quick: unit tests and one small workflow, under 2 minutes (before each commit)
 # make docs: docs/configuration.md from the study's schema (a test fails when it is out of date)
 # Each target creates .venv and installs what it needs on first use.
 
@@ -22,7 +23,7 @@ export TOKENIZERS_PARALLELISM := false
 # it would compile every file on one core, most of them never imported.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo report test test-fast docs lint clean
+.PHONY: demo report test test-fast test-quick docs lint clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -58,6 +59,9 @@ test: $(VENV)/.installed
 
 test-fast: $(VENV)/.installed
 	$(TESTS_COLD) $(PYTEST) -m "not workflow"
+
+test-quick: $(VENV)/.installed
+	$(TESTS_COLD) $(PYTEST) -m "quick or not (workflow or slow or cuda)"
 
 docs: $(VENV)/.installed
 	$(PY) -m grpo_equivalence.study.reference docs/configuration.md

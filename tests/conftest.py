@@ -30,10 +30,18 @@ LONGEST_FIRST = ("test_workflow", "test_docs", "test_bad_inputs", "test_slurm", 
                  "test_gpus")
 
 
+# Fixtures that need the primed tiny model, a workflow run of about 40 s on two cores: a test that asks for one is
+# slow, outside the quick tier (make test-quick), whatever its own time.
+NEEDS_PRIMING = {"primed", "tiny_results", "tiny_into", "tiny_run"}
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
     torch.set_num_threads(THREADS)
+    for item in items:
+        if NEEDS_PRIMING & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's tests keep their order

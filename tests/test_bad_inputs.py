@@ -153,6 +153,7 @@ def test_missing_data_file_stops_snakemake_before_any_job(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_a_section_on_the_command_line_merges_into_the_studys(tmp_path):
     """`--config 'grpo={learning_rate: 1.0e-5}'` changes that key and keeps the section's others."""
     result = run_snakemake(tmp_path, ROOT / "studies" / "tiny.yaml", "grpo={learning_rate: 1.0e-5, adam_beta2: 0.99}",

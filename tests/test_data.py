@@ -121,3 +121,38 @@ def test_the_rollout_check_scores_rewards_as_training_does(primed, tiny_config, 
     test = rollout_verdict.paired_test(rollout_verdict.totals(run), rollout_verdict.totals(loaded), "reward",
                                        alpha=0.05, margin_sd=0.1)
     assert test["no_variation"] and "every reward function returned None" in test["reason"]
+
+
+@pytest.mark.workflow
+@pytest.mark.quick
+def test_the_workflow_builds_the_tiny_data_set_and_model_then_has_nothing_to_do(tmp_path):
+    """The quick tier's one small workflow: a real Snakemake run of the tiny study's first two jobs (its data set in
+    the study's answer format and its model, each job with its log), read back as a train job reads them, and a
+    second run with nothing to do."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import ROOT
+
+    targets = ["results/tiny/data/train.jsonl", "results/tiny/model"]
+
+    def snakemake():
+        return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
+                               str(tmp_path), *targets, "--cores", "1", "--config",
+                               f"study={ROOT / 'studies' / 'tiny.yaml'}"], capture_output=True, text=True)
+
+    first = snakemake()
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "2 of 2 steps (100%) done" in first.stderr
+    rows = load_problems({"path": "json", "data_files": str(tmp_path / targets[0])}, system_prompt=SYSTEM)
+    assert len(rows) > 1 and {"prompt", "solution", "answer"} <= set(rows.column_names)
+    assert all(row["prompt"][0] == {"role": "system", "content": SYSTEM} for row in rows)
+    assert all(row["answer"] == str(sum(map(int, row["prompt"][-1]["content"].split("+")))) for row in rows)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / targets[1])
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / targets[1])
+    assert model.config.model_type == "qwen3" and model.config.vocab_size >= len(tokenizer)
+    assert {p.name for p in (tmp_path / "results" / "logs").iterdir()} == {"prepare_data.log", "prepare_model.log"}
+    again = snakemake()
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

@@ -35,6 +35,7 @@ def _judged(reference: dict, candidates: dict) -> dict:
     return comparisons
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shape", ["T0.1", "T1.0"])
 def test_on_its_own_logits_a_correct_sampler_is_confirmed_and_every_fault_caught(shape, dtype):
@@ -63,6 +64,7 @@ def test_on_its_own_logits_a_correct_sampler_is_confirmed_and_every_fault_caught
     assert judged["numerics"]["verdict"] == "divergent" and judged["control"]["verdict"] == "equivalent"
 
 
+@pytest.mark.slow
 def test_the_trainers_logits_cannot_judge_a_cold_bfloat16_sampler_its_own_can():
     """At temperature 0.1 in bfloat16 a sampler's and a trainer's logits differ by a rounding step, and the
     settings keep only tokens within 0.069 of the top one: scored with the trainer's logits (the check of a backend

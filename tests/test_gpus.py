@@ -269,6 +269,7 @@ def peak_use(rows, capacity):
     return peaks
 
 
+@pytest.mark.slow
 def test_packing_never_oversubscribes_a_devices_memory_or_slots(fake_gpus, tmp_path, monkeypatch):
     env = fake_gpus("0,1")
     env[gpus.MEMORY_ENV] = "10"

@@ -222,6 +222,7 @@ def test_the_warm_up_compiles_for_the_longest_prompt_and_leaves_the_random_strea
     assert list(native._states.values()) == [state]  # the same cache: long enough
 
 
+@pytest.mark.slow
 def test_the_decode_benchmark_runs_and_writes_its_figures(tmp_path):
     """benchmarks/native_decode.py as a smoke run on the CPU, on a small Qwen3 shape (its figures are the GPU's)."""
     import json

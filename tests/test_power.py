@@ -70,6 +70,7 @@ def test_a_fault_that_cannot_change_what_is_sampled_is_named_so_not_counted_as_a
     assert planned["no_min_p"]["kind"] == power.DETECTABLE and planned["no_min_p"]["tokens_needed"] < 200_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings,fault", [(TINY, "temperature_up"), (STUDY, "temperature_down")],
                          ids=["T1.0-hot", "T0.1-cold"])
 def test_the_stated_power_is_the_detection_rate_measured(settings, fault):
@@ -96,6 +97,7 @@ def test_the_stated_power_is_the_detection_rate_measured(settings, fault):
     assert abs(found / 30 - stated) < 0.22, (found, stated, tokens)
 
 
+@pytest.mark.slow
 def test_sampling_rounds_to_the_plan_keeps_the_false_alarm_rate_of_one_look():
     """The sequential design: each side samples rounds until its tokens reach the plan re-estimated from what it
     has scored (or the cap), then one look. Two correct samplers, 100 reports: divergent at most alpha of the
@@ -150,6 +152,7 @@ def _by_prompt(completions, key):
             "values": {key: [c[field] for c in completions]}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["completion_length", "reward"])
 def test_the_stated_chance_to_confirm_on_a_paired_test_is_the_rate_measured(key):
     """Two correct samplers at the size where the check states a 60 % chance that the paired test confirms them

@@ -89,6 +89,7 @@ print(json.dumps(train.compile_counts()))
 """
 
 
+@pytest.mark.slow
 def test_a_run_records_what_torch_compile_compiled_and_what_the_shared_cache_served(tmp_path):
     """The second process of a compile-cache folder finds its graphs there (the record a slow first step is read
     against: misses or bypasses with a warm folder say the cache did not serve it)."""

@@ -21,6 +21,7 @@ def bound(rate: float, trials: int) -> float:
     return rate + 3 * math.sqrt(rate * (1 - rate) / trials)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runs", [3, 5, 12])
 def test_two_seeds_of_one_process_are_called_divergent_at_most_alpha_of_the_time(runs):
     rate = calibration.any_divergent_rate(PROCESS, metrics=METRICS, reference_runs=runs, candidate_runs=runs,
