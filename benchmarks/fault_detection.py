@@ -114,7 +114,7 @@ def main() -> None:
         jobs += [(backend, base + i, scratch / f"{rep}_{name}.json", settings, len(candidates), args.share_sessions)
                  for i, (backend, name) in enumerate(named)]
     start = time.perf_counter()
-    files = _run_all(jobs, args, start)
+    files, failed = _run_all(jobs, args, start)
     args.reps = len(files) // len(jobs[:len(candidates) + 1])  # the repetitions finished before the deadline
     if not files:
         raise SystemExit(f"no repetition finished within the deadline of {args.deadline} s: give it more time")
@@ -164,18 +164,22 @@ def main() -> None:
         "sampler_logits": files[0].get("sampler_logits"), "numerics_floor": check["numerics_floor"],
         "tokens_per_check": tokens,
         "rounds_per_check": rounds, "counts": counts,
-        "divergent_by_test": by_test, "stated": summary, "checks": checks, "environment": files[0]["environment"]},
+        "divergent_by_test": by_test, "stated": summary, "checks": checks, "failed_checks": failed,
+        "environment": files[0]["environment"]},
         indent=1) + "\n")
 
 
-def _run_all(jobs: list, args, start: float) -> list:
+def _run_all(jobs: list, args, start: float) -> tuple[list, list]:
     """Every check, JOBS at a time, a line per finished one. Past --deadline seconds the row stops: checks still
     running are abandoned (their processes ended) and only whole repetitions are kept, so that a row always ends
-    with its figures within the deadline and the time one check takes."""
+    with its figures within the deadline and the time one check takes. A check that fails (one of sixteen vLLM
+    engines starting at once lost its port to another, on an H200) drops its repetition, not the row: the
+    repetitions judged are the whole ones, and the failures are returned (backend, seed, error) for the row's file."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     width = len(jobs) // args.reps
     done = _resumed(jobs) if getattr(args, "resume", False) else {}
+    failed = []
     pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
     pending = {pool.submit(_check, job): i for i, job in enumerate(jobs) if i not in done}
     try:
@@ -187,7 +191,14 @@ def _run_all(jobs: list, args, start: float) -> list:
             finished, _ = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
             for future in finished:
                 i = pending.pop(future)
-                done[i] = future.result()
+                try:
+                    done[i] = future.result()
+                except Exception as error:  # noqa: BLE001 (any failure of one check: named, its repetition dropped)
+                    message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+                    failed.append({"backend": jobs[i][0], "seed": jobs[i][1], "error": message})
+                    print(f"  check failed, its repetition dropped: {jobs[i][0]} seed {jobs[i][1]}: {message}",
+                          flush=True)
+                    continue
                 print(f"  {len(done)}/{len(jobs)} checks, {time.perf_counter() - start:.0f} s: {jobs[i][0]} seed "
                       f"{jobs[i][1]}, {done[i]['rounds']} round(s), {sum(c['tokens'] for c in done[i]['completions'])} "
                       f"tokens", flush=True)
@@ -197,7 +208,7 @@ def _run_all(jobs: list, args, start: float) -> list:
         for process in processes:
             process.terminate()
     whole = [rep for rep in range(args.reps) if all(rep * width + k in done for k in range(width))]
-    return [done[rep * width + k] for rep in whole for k in range(width)]
+    return [done[rep * width + k] for rep in whole for k in range(width)], failed
 
 
 def _resumed(jobs: list) -> dict[int, dict]:

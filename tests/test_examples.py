@@ -442,3 +442,23 @@ def test_the_rollout_checks_rows_are_their_files():
         wanted = [(str(round(100 * result["counts"][c]["divergent"] / 20)),
                    str(round(100 * result["counts"][c]["equivalent"] / 20))) for c in columns[1:]]
         assert re.findall(r"(\d+) / (\d+) %", row) == wanted, (where, name)
+
+
+def test_a_failed_check_drops_its_repetition_not_the_fault_benchmarks_row(tmp_path, monkeypatch):
+    """One check that fails (here: a backend that does not exist) is named with its error and its repetition left
+    out; the row goes on with the others (on an H200 one of sixteen vLLM engines once lost its port and, with it, the
+    whole row)."""
+    import argparse
+    import sys
+    import time
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as the script runs: its workers import it by name
+    import fault_detection
+
+    args = argparse.Namespace(reps=1, jobs=1, deadline=None, resume=False)
+    job = ("no_such_backend", 7, tmp_path / "check.json", {}, 1, True)
+    files, failed = fault_detection._run_all([job], args, time.perf_counter())
+    assert files == [] and len(failed) == 1, failed
+    assert failed[0]["backend"] == "no_such_backend" and failed[0]["seed"] == 7
+    assert "no_such_backend" in failed[0]["error"] and "Pickl" not in failed[0]["error"], failed
+    sys.modules.pop("fault_detection", None)
