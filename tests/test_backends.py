@@ -4,6 +4,7 @@ Unsloth and vLLM need CUDA, which CI lacks, so `MockFastLanguageModel` below
 stands in for Unsloth's FastLanguageModel: it records the calls the loader makes, which is what is tested.
 """
 
+import os
 import sys
 import types
 
@@ -63,13 +64,13 @@ def test_exact_top_p_makes_vllms_sampler_filter_by_sorting_at_every_batch_size(m
     V2, built with the engine before the trainer is prepared); without it vLLM is left as it is. (vLLM cannot be
     imported here: stand-in modules in its place, whose dispatcher takes the Triton kernel from 8 rows on as vLLM
     0.26's does.)"""
-    from grpo_equivalence.training.backends import _vllm
+    from grpo_equivalence.training import vllm_kernel
 
     calls = []
-    stand_in = types.ModuleType(_vllm.SAMPLER_MODULE)
+    stand_in = types.ModuleType(vllm_kernel.SAMPLER_MODULE)
     stand_in.apply_top_k_top_p = lambda logits, k, p: calls.append("triton" if len(logits) >= 8 else "sort")
     stand_in.apply_top_k_top_p_pytorch = lambda logits, k, p: calls.append("sort")
-    monkeypatch.setitem(sys.modules, _vllm.SAMPLER_MODULE, stand_in)
+    monkeypatch.setitem(sys.modules, vllm_kernel.SAMPLER_MODULE, stand_in)
     runner_v2 = types.ModuleType("vllm.v1.worker.gpu.sample.sampler")  # `from ... import apply_top_k_top_p`
     runner_v2.apply_top_k_top_p = stand_in.apply_top_k_top_p
     monkeypatch.setitem(sys.modules, runner_v2.__name__, runner_v2)
@@ -80,8 +81,8 @@ def test_exact_top_p_makes_vllms_sampler_filter_by_sorting_at_every_batch_size(m
     assert calls == ["triton"]
     spec.options["exact_top_p"] = True
     assert trl_vllm.prepare_trainer(None, spec) == ["vllm.exact_top_p"]
-    sys.modules[_vllm.SAMPLER_MODULE].apply_top_k_top_p([0] * 8, None, None)
-    sys.modules[_vllm.SAMPLER_MODULE].apply_top_k_top_p([0] * 2, None, None)
+    sys.modules[vllm_kernel.SAMPLER_MODULE].apply_top_k_top_p([0] * 8, None, None)
+    sys.modules[vllm_kernel.SAMPLER_MODULE].apply_top_k_top_p([0] * 2, None, None)
     runner_v2.apply_top_k_top_p([0] * 8, None, None)  # the engine's own sampler: sort-based too
     assert calls == ["triton", "sort", "sort", "sort"]
     del stand_in.apply_top_k_top_p_pytorch  # a vLLM without it: refused by name, not silently left as it is
@@ -446,3 +447,35 @@ def test_a_train_job_checks_its_trackers_before_taking_a_gpu(tiny_config):
     session.check_packages("hf", tiny_config)
     tiny_config["grpo"]["report_to"] = "all"  # transformers takes whatever is installed
     assert trackers.problems(tiny_config) == []
+
+
+@pytest.mark.parametrize("sized", [False, True], ids=["measuring", "told-its-kv-cache"])
+def test_a_vllm_engine_start_that_lost_its_port_to_another_is_tried_again(monkeypatch, tmp_path, sized):
+    """Engines starting together race for the port of their one-process group (torch.distributed's EADDRINUSE: one
+    of sixteen on an H200); the start is tried again on another, whether it measures the device or is told its KV
+    cache (a packed study). Stand-in for vLLM's LLM: fails so once, then starts."""
+    from grpo_equivalence.runtime import quietlock
+    from grpo_equivalence.training.backends import _vllm
+
+    attempts = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            attempts.append(kwargs)
+            if len(attempts) == 1:
+                raise RuntimeError("The server socket has failed to listen on any local network address. port: 44215, "
+                                   "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints", types.ModuleType("vllm.entrypoints"))
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.llm", types.SimpleNamespace(LLM=LLM))
+    monkeypatch.delenv("GRPO_EQUIVALENCE_GPU_QUIET", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "1")
+    monkeypatch.setattr(_vllm.time, "sleep", lambda seconds: None)
+    if sized:
+        monkeypatch.setenv(quietlock.SIZED_ENV, "1")
+        monkeypatch.setattr(_vllm, "kv_cache_bytes", lambda engine: 1 << 20)
+    _vllm.start_engines_quietly()
+    LLM()
+    assert len(attempts) == 2 and os.environ["MASTER_PORT"] != "1"
+    assert all(("kv_cache_memory_bytes" in a) == sized for a in attempts)

@@ -1,7 +1,16 @@
 """vLLM 0.26's top-k/top-p kernel as a rule on exact filters, and transformers' generate() filtering by it: the
-drop_weakest fault, a CPU stand-in for a vLLM sampler (docs/findings.md: the defect, and a script that shows it)."""
+drop_weakest fault, a CPU stand-in for a vLLM sampler (docs/findings.md: the defect, and a script that shows it);
+and trl_vllm's exact_top_p, which takes the kernel out of vLLM's sampler."""
 
 import contextlib
+
+# Where the engine samples through vLLM's PyTorch top-k/top-p function (TRL's engine: it asks for processed
+# log-probabilities, so neither model runner takes FlashInfer's sampler)
+EXACT_TOP_P = {"exact_top_p": "true: top_k and top_p by vLLM's sort-based filter at every batch size, not its Triton "
+                              "kernel (8 sequences a step and more), which drops the last token min_p left where "
+                              "top_p needs it (vLLM 0.26: docs/backends.md); false (the default): vLLM as it is"}
+# The module whose top-k/top-p function vLLM's PyTorch sampler looks up at each step, and its sort-based one
+SAMPLER_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
 
 
 def drop_weakest(candidates, kept, survivors, top_k, top_p):
@@ -75,3 +84,27 @@ def install_in_generate(trainer=None):
         utils.TopKLogitsWarper, utils.TopPLogitsWarper, utils.MinPLogitsWarper = own
 
     return restore
+
+
+def exact_top_p(options: dict, backend: str) -> list[str]:
+    """With `exact_top_p: true` among the backend's options, vLLM's top-k/top-p function in this process (the
+    engine runs in it) becomes its sort-based one at every batch size, which keeps what top_p asks; returns the
+    rollout setting changed, as the report names it. The engine is built by then, and a module that imported the
+    function by name keeps its own binding: vLLM 0.26's model runner V2 (its default for dense models) samples
+    through vllm.v1.worker.gpu.sample.sampler's, which replacing SAMPLER_MODULE's alone left on the Triton kernel
+    (docs/findings.md). Every loaded vLLM module that holds the kernel's dispatcher is pointed at the sort-based one."""
+    if not options.get("exact_top_p"):  # a flag: the study's validation refuses anything but true or false
+        return []
+    import importlib
+    import sys
+
+    sampler = importlib.import_module(SAMPLER_MODULE)
+    sort_based = getattr(sampler, "apply_top_k_top_p_pytorch", None)
+    if sort_based is None or not hasattr(sampler, "apply_top_k_top_p"):
+        raise RuntimeError(f"backend_options.{backend}.exact_top_p: this vLLM has no apply_top_k_top_p_pytorch in "
+                           f"{SAMPLER_MODULE} (vLLM 0.26 has); leave the option out with this vLLM")
+    dispatcher = sampler.apply_top_k_top_p
+    for name, module in list(sys.modules.items()):
+        if (name == "vllm" or name.startswith("vllm.")) and getattr(module, "apply_top_k_top_p", None) is dispatcher:
+            module.apply_top_k_top_p = sort_based
+    return ["vllm.exact_top_p"]

@@ -6,39 +6,6 @@ import time
 from pathlib import Path
 
 OPTIONS = {"gpu_memory_utilization": "fraction of the GPU's memory vLLM reserves up front for weights and KV cache"}
-# Where the engine samples through vLLM's PyTorch top-k/top-p function (TRL's engine: it asks for processed
-# log-probabilities, so neither model runner takes FlashInfer's sampler)
-EXACT_TOP_P = {"exact_top_p": "true: top_k and top_p by vLLM's sort-based filter at every batch size, not its Triton "
-                              "kernel (8 sequences a step and more), which drops the last token min_p left where "
-                              "top_p needs it (vLLM 0.26: docs/backends.md); false (the default): vLLM as it is"}
-# The module whose top-k/top-p function vLLM's PyTorch sampler looks up at each step, and its sort-based one
-SAMPLER_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
-
-
-def exact_top_p(options: dict, backend: str) -> list[str]:
-    """With `exact_top_p: true` among the backend's options, vLLM's top-k/top-p function in this process (the
-    engine runs in it) becomes its sort-based one at every batch size, which keeps what top_p asks; returns the
-    rollout setting changed, as the report names it. The engine is built by then, and a module that imported the
-    function by name keeps its own binding: vLLM 0.26's model runner V2 (its default for dense models) samples
-    through vllm.v1.worker.gpu.sample.sampler's, which replacing SAMPLER_MODULE's alone left on the Triton kernel
-    (docs/findings.md). Every loaded vLLM module that holds the kernel's dispatcher is pointed at the sort-based one."""
-    if not options.get("exact_top_p"):  # a flag: the study's validation refuses anything but true or false
-        return []
-    import importlib
-    import sys
-
-    sampler = importlib.import_module(SAMPLER_MODULE)
-    sort_based = getattr(sampler, "apply_top_k_top_p_pytorch", None)
-    if sort_based is None or not hasattr(sampler, "apply_top_k_top_p"):
-        raise RuntimeError(f"backend_options.{backend}.exact_top_p: this vLLM has no apply_top_k_top_p_pytorch in "
-                           f"{SAMPLER_MODULE} (vLLM 0.26 has); leave the option out with this vLLM")
-    dispatcher = sampler.apply_top_k_top_p
-    for name, module in list(sys.modules.items()):
-        if (name == "vllm" or name.startswith("vllm.")) and getattr(module, "apply_top_k_top_p", None) is dispatcher:
-            module.apply_top_k_top_p = sort_based
-    return ["vllm.exact_top_p"]
-
-
 def fraction(options: dict, default_fraction: float) -> float:
     return options.get("gpu_memory_utilization", default_fraction)
 
@@ -100,6 +67,9 @@ def free_port() -> int:
 
 # vLLM's own message when free memory rose while it profiled (another job freed memory on the shared GPU)
 PROFILING_RACE = "Error in memory profiling"
+# torch.distributed's, when the port vLLM found free for its one-process group was taken before it listened: engines
+# starting together race for ports (one of sixteen did so on an H200); another start finds another port
+PORT_RACE = "EADDRINUSE"
 ATTEMPTS = 4
 # Said by an engine start that expected its settings' startup plan and found none that applies: it would profile
 # beside jobs that change the device's memory, so it starts again holding the quiet lock exclusively
@@ -199,29 +169,43 @@ def start_engines_quietly() -> None:
     def init(self, *args, **kwargs):
         sized = os.environ.get(quietlock.SIZED_ENV) and "kv_cache_memory_bytes" not in kwargs and kv_cache_bytes(kwargs)
         if sized:  # nothing to measure: the start only allocates, as a model load does
-            with quietlock.quiet(measuring=False):
-                return original(self, *args, **{**kwargs, "kv_cache_memory_bytes": sized})
+            return _started(lambda: original(self, *args, **{**kwargs, "kv_cache_memory_bytes": sized}), None)
         if not plans:  # vLLM's worker modules are imported by now (the engine imports them anyway)
             plans.append(_startup_plans())
             if plans[0] is not None:
                 _follow_plans(*plans[0])
         with _measured_once(plans[0] is not None):
-            measuring = plans[0] is None or not _plan_recorded()
-            for attempt in range(1, ATTEMPTS + 1):
-                with quietlock.quiet(measuring=measuring):
-                    try:
-                        return original(self, *args, **kwargs)
-                    except (AssertionError, RuntimeError) as error:  # a neighbour freed memory while vLLM measured
-                        if not (PROFILING_RACE in str(error) or NO_PLAN in str(error)) or attempt == ATTEMPTS:
-                            raise
-                        print(f"vLLM's engine start must measure the GPU's memory ({str(error).splitlines()[0][:120]}; "
-                              f"attempt {attempt} of {ATTEMPTS}); starting it again alone", flush=True)
-                _free_failed_start()
-                measuring = True
-                time.sleep(2.0 * attempt)
+            return _started(lambda: original(self, *args, **kwargs), plans[0] is None or not _plan_recorded())
 
     init.starts_quietly = True
     LLM.__init__ = init
+
+
+def _started(start, measuring: bool | None):
+    """An engine start (`start()`), holding the GPU's quiet lock, exclusively where it measures; again where it lost a
+    race: its port to another engine starting (PORT_RACE), or, where it may measure (`measuring` not None), the
+    device's memory to a neighbour (PROFILING_RACE, NO_PLAN: then again alone, measuring)."""
+    from ...runtime import quietlock
+
+    for attempt in range(1, ATTEMPTS + 1):
+        with quietlock.quiet(measuring=bool(measuring)):
+            try:
+                return start()
+            except (AssertionError, RuntimeError) as error:  # a neighbour freed memory while vLLM measured
+                said = str(error)
+                port = PORT_RACE in said
+                if not (port or measuring is not None and (PROFILING_RACE in said or NO_PLAN in said)) \
+                        or attempt == ATTEMPTS:
+                    raise
+                what = "lost its port to another engine" if port else "must measure the GPU's memory"
+                print(f"vLLM's engine start {what} ({said.splitlines()[0][:120]}; attempt {attempt} of {ATTEMPTS}); "
+                      f"starting it again{'' if port else ' alone'}", flush=True)
+        _free_failed_start()
+        if port:
+            os.environ["MASTER_PORT"] = str(free_port())
+        else:
+            measuring = True
+        time.sleep(2.0 * attempt)
 
 
 MEASURING = ".measuring.lock"  # beside the startup plans: held by the engine of a folder that measures

@@ -1,5 +1,6 @@
 from dataclasses import dataclass
 
+from .. import vllm_kernel
 from . import _vllm
 from .base import Backend
 
@@ -24,7 +25,7 @@ class TRLColocatedVLLM(Backend):
         return _vllm.colocate_overrides(options, DEFAULT_FRACTION)
 
     def prepare_trainer(self, trainer, spec) -> list[str]:
-        return _vllm.exact_top_p(spec.options, self.name)
+        return vllm_kernel.exact_top_p(spec.options, self.name)
 
 
 BACKEND = TRLColocatedVLLM(
@@ -32,8 +33,8 @@ BACKEND = TRLColocatedVLLM(
     summary="transformers + PEFT, TRL use_vllm=True, vllm_mode=colocate: TRL's own vLLM engine in the training process",
     packages=(("transformers", "transformers"), ("peft", "peft"), ("trl", "trl"), ("vllm", "vllm")),
     needs_cuda=True,
-    options={**_vllm.OPTIONS, **_vllm.EXACT_TOP_P},
-    flags=tuple(_vllm.EXACT_TOP_P),
+    options={**_vllm.OPTIONS, **vllm_kernel.EXACT_TOP_P},
+    flags=tuple(vllm_kernel.EXACT_TOP_P),
     sampler_order="vllm",
     sampler_logits="vllm",
 )
