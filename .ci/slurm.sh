@@ -59,8 +59,8 @@ stop)
   for daemon in slurmd slurmctld munged; do pkill -x "$daemon" || true; done
   # slurmctld saves its state before it exits: a start right after a stop must not find it still running
   for _ in $(seq 50); do
-    pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || pgrep -x munged >/dev/null && { sleep 0.2; continue; }
-    break
+    pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || pgrep -x munged >/dev/null || break
+    sleep 0.2
   done
   # With its configuration left behind, every SLURM client (and every Snakemake start: the SLURM executor plugin runs
   # `scontrol show config` when it is imported) waits 9 s for the controller that is gone; without it they fail at

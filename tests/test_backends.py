@@ -22,6 +22,13 @@ def spec(**options):
                     gradient_checkpointing=False, options=options)
 
 
+def stand_in_vllm(monkeypatch, llm, **more) -> None:
+    """vLLM is not installed here: `llm` stands in for vllm.entrypoints.llm.LLM (with `more` modules by name) for the
+    test."""
+    for name, module in {"vllm": types.ModuleType("vllm"), "vllm.entrypoints": types.ModuleType("vllm.entrypoints"),
+                         "vllm.entrypoints.llm": types.SimpleNamespace(LLM=llm), **more}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
 def test_every_study_backend_is_registered_by_its_file():
     assert backends.names() == ["cb_paged", "hf", "hf_static", "native", "trl_vllm", "unsloth_fi_false", "vllm"]
     for name in backends.names():
@@ -185,9 +192,7 @@ def test_vllm_backends_run_the_engine_in_process_and_report_nothing(monkeypatch,
                 except BlockingIOError:
                     held.append(True)
 
-    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    monkeypatch.setitem(sys.modules, "vllm.entrypoints", types.ModuleType("vllm.entrypoints"))
-    monkeypatch.setitem(sys.modules, "vllm.entrypoints.llm", types.SimpleNamespace(LLM=LLM))
+    stand_in_vllm(monkeypatch, LLM)
     (tmp_path / "gpu-0.quiet").touch()
     monkeypatch.setenv(quietlock.QUIET_ENV, str(tmp_path / "gpu-0.quiet"))
     for name in ("vllm", "trl_vllm"):
@@ -217,9 +222,7 @@ def test_a_vllm_engine_start_that_saw_a_neighbour_free_memory_is_tried_again(mon
                 raise AssertionError("Error in memory profiling. Initial free memory 116.1 GiB, current free memory "
                                      "116.7 GiB. This happens when other processes sharing the same container release")
 
-    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    monkeypatch.setitem(sys.modules, "vllm.entrypoints", types.ModuleType("vllm.entrypoints"))
-    monkeypatch.setitem(sys.modules, "vllm.entrypoints.llm", types.SimpleNamespace(LLM=LLM))
+    stand_in_vllm(monkeypatch, LLM)
     monkeypatch.delenv("GRPO_EQUIVALENCE_GPU_QUIET", raising=False)
     _vllm.start_engines_quietly()
     LLM()
@@ -252,9 +255,7 @@ def test_in_a_packed_study_a_vllm_engine_is_told_its_kv_cache_and_measures_nothi
                     mode = "exclusive"
             started.append((kwargs.get("kv_cache_memory_bytes"), mode))
 
-    for name, module in {"vllm": types.ModuleType("vllm"), "vllm.entrypoints": types.ModuleType("vllm.entrypoints"),
-                         "vllm.entrypoints.llm": types.SimpleNamespace(LLM=LLM)}.items():
-        monkeypatch.setitem(sys.modules, name, module)
+    stand_in_vllm(monkeypatch, LLM)
     monkeypatch.setattr(_vllm, "_startup_plans", lambda: None)  # a vLLM without startup plans: it would measure
     Qwen3Config(num_hidden_layers=2, num_key_value_heads=2, num_attention_heads=4, head_dim=8, hidden_size=32,
                 max_position_embeddings=512).save_pretrained(tmp_path / "model")
@@ -339,13 +340,10 @@ def vllm_standins(monkeypatch, tmp_path):
                 plan_path(fingerprint["apply"]).write_text(json.dumps({"kv_cache_memory_bytes": 7,
                                                                        "free_memory_baseline": free}))
 
-    for name, module in {"vllm": types.ModuleType("vllm"), "vllm.entrypoints": types.ModuleType("vllm.entrypoints"),
-                         "vllm.entrypoints.llm": types.SimpleNamespace(LLM=LLM),
-                         "vllm.envs": types.SimpleNamespace(VLLM_CACHE_ROOT=str(cache)),
-                         "vllm.v1": types.ModuleType("vllm.v1"),
-                         "vllm.v1.worker": types.SimpleNamespace(gpu_worker=gpu_worker, startup_plan=startup_plan),
-                         "vllm.v1.worker.gpu_worker": gpu_worker, "vllm.v1.worker.startup_plan": startup_plan}.items():
-        monkeypatch.setitem(sys.modules, name, module)
+    stand_in_vllm(monkeypatch, LLM, **{
+        "vllm.envs": types.SimpleNamespace(VLLM_CACHE_ROOT=str(cache)), "vllm.v1": types.ModuleType("vllm.v1"),
+        "vllm.v1.worker": types.SimpleNamespace(gpu_worker=gpu_worker, startup_plan=startup_plan),
+        "vllm.v1.worker.gpu_worker": gpu_worker, "vllm.v1.worker.startup_plan": startup_plan})
     monkeypatch.setitem(sys.modules["vllm"].__dict__, "envs", sys.modules["vllm.envs"])
     monkeypatch.setattr(_vllm.time, "sleep", lambda s: None)
     monkeypatch.setenv(quietlock.QUIET_ENV, str(quiet))
@@ -466,9 +464,7 @@ def test_a_vllm_engine_start_that_lost_its_port_to_another_is_tried_again(monkey
                 raise RuntimeError("The server socket has failed to listen on any local network address. port: 44215, "
                                    "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
 
-    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    monkeypatch.setitem(sys.modules, "vllm.entrypoints", types.ModuleType("vllm.entrypoints"))
-    monkeypatch.setitem(sys.modules, "vllm.entrypoints.llm", types.SimpleNamespace(LLM=LLM))
+    stand_in_vllm(monkeypatch, LLM)
     monkeypatch.delenv("GRPO_EQUIVALENCE_GPU_QUIET", raising=False)
     monkeypatch.setenv("MASTER_PORT", "1")
     monkeypatch.setattr(_vllm.time, "sleep", lambda seconds: None)

@@ -191,7 +191,7 @@ def _started(start, measuring: bool | None):
         with quietlock.quiet(measuring=bool(measuring)):
             try:
                 return start()
-            except (AssertionError, RuntimeError) as error:  # a neighbour freed memory while vLLM measured
+            except (AssertionError, RuntimeError) as error:  # vLLM's own assertion, or torch.distributed's
                 said = str(error)
                 port = PORT_RACE in said
                 if not (port or measuring is not None and (PROFILING_RACE in said or NO_PLAN in said)) \
