@@ -8,8 +8,8 @@
 # what the backend's alone run measured, with first). Both vLLM engines reserve VLLM_SHARE of the GPU (default
 # 0.1) beside that. Writes the study, report, statistics, rollout checks, logs, versions and the makespan to
 # OUTDIR; benchmarks/packing_results.py OUTDIR turns them into the figures. HIDDEN sets the tiny model's width (default
-# the study's 128, as wide as its vocabulary: a square output layer); DEADLINE (s) stops the workflow in time to copy
-# what finished when the machine's time is short.
+# the study's 128; its vocabulary is padded past it); DEADLINE (s) stops the workflow in time to copy what finished
+# when the machine's time is short, and the same command run again resumes it (jobs a deadline cut rerun).
 # Usage: benchmarks/gpu_packed_study.sh [OUTDIR]
 set -uo pipefail
 out=$(realpath -m "${1:-results/gpu-packed}")
@@ -42,7 +42,7 @@ echo "started $start" > "$out/progress.log"
   done ) > "$out/gpu.csv" &
 sampler=$!
 timeout "${DEADLINE:-0}" python3 -m snakemake results/grpo_equivalence.md --cores "${CORES:-16}" --resources gpu=1 --config study="$out/study.yaml" results=results \
-  --keep-going > "$out/snakemake.log" 2>&1
+  --keep-going --rerun-incomplete > "$out/snakemake.log" 2>&1
 echo "snakemake exit $?" >> "$out/progress.log"
 kill "$sampler" 2>/dev/null
 echo "makespan_s $(( $(date +%s) - start ))" | tee -a "$out/snakemake.log" >> "$out/progress.log"
