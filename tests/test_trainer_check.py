@@ -76,6 +76,21 @@ def test_the_verdict_names_the_first_quantity_beyond_the_precisions_floor(change
     control = with_noise(reference, 1e-3)
     result = trainer_verdict.compare(reference, synthetic(**change), control)
     assert result["first"] == first and said in result["said"], result["said"]
+
+
+# A batch whose groups' completions are equally long: at ratio 1 the policy term is zero, and each stack's is its own
+# rounding (here 1e-12 against a KL term of 5e-6; the control's closer to the reference's than the candidate's)
+@pytest.mark.parametrize("change, first, said", [
+    (dict(loss=5e-15 + 3e-12, kl_term=5e-15), "kl_term", "KL term of the loss 1e-09x the reference's"),
+    (dict(loss=2 * (5e-6 + 1e-12), kl_term=1e-5), "loss", "both its terms (policy 2x, KL 2x)"),  # normalised by half
+    (dict(loss=5e-6 + 3e-12), None, "every quantity within its floor"),  # rounding alone
+])
+def test_a_policy_term_that_cancels_to_zero_is_not_judged_on_its_own_rounding(change, first, said):
+    reference = synthetic(loss=5e-6 + 1e-12)
+    control = with_noise(reference, 1e-3)
+    control[0]["loss"] = control[0]["kl_term"] + 1.1e-12
+    result = trainer_verdict.compare(reference, synthetic(**change), control)
+    assert result["first"] == first and said in result["said"], result["said"]
     assert trainer_verdict.compare(reference, control, control)["first"] is None  # the control at its own floor
 
 

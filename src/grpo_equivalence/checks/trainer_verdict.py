@@ -5,7 +5,9 @@ them, where the two stacks part.
 The floor of a quantity is its relative difference between the reference's check in the study's precision and the
 reference's check in the other one (float32 and bfloat16: the control): numerical noise of that size is what the
 precision alone does. A quantity differs when its relative difference exceeds FACTOR times that floor (and
-MIN_DIFFERENCE, below which float32 itself rounds). The control itself sits at the floor by construction: what it
+MIN_DIFFERENCE, below which float32 itself rounds). The loss and its two terms are relative to the size of those
+terms, where rounding acts (a term that cancels to zero would otherwise be its own rounding over itself); a term
+within rounding of zero beside one that differs, by the same factor, is the loss's normalisation. The control itself sits at the floor by construction: what it
 shows is that the method does not call a precision change a difference. The rule, FACTOR and MIN_DIFFERENCE were
 fixed before any stack was compared. The trainable parameters, their LoRA scaling, the optimizer's groups and the
 learning-rate schedule have no precision noise: they are compared exactly (to MIN_DIFFERENCE).
@@ -30,6 +32,9 @@ PER_TOKEN = ("policy_logps", "reference_logps", "stack_reference_logps", "kl", "
 EXACT = ("trainable", "lora_scaling", "optimizer", "schedule")
 FACTOR = 2.0
 MIN_DIFFERENCE = 1e-6
+SCALARS = ("loss", *TERMS)
+# Two ratios this close are one factor (a normalisation scales both terms exactly)
+SAME_FACTOR = 1e-3
 
 
 def _flat(values):
@@ -120,9 +125,15 @@ def compare(reference: tuple[dict, dict], candidate: tuple[dict, dict], control:
     verdict, and the first that differs with a sentence saying how."""
     ref, cand, ctl = (_values(*pair) for pair in (reference, candidate, control))
     rows = {}
+    # The loss and its two terms are relative to the size of the two terms: rounding acts on them, not on a sum or a
+    # term that cancels (at ratio 1 the policy term is zero where a group's completions are equally long; measured
+    # against itself, its rounding would be a difference)
+    scale = abs(ref["policy_term"]) + abs(ref["kl_term"])
     for name in (*ORDER, *TERMS):
         difference = _difference(name, cand[name], ref[name])
         floor = 0.0 if name in EXACT else (_difference(name, ctl[name], ref[name]) or 0.0)
+        if name in SCALARS and scale:
+            difference, floor = abs(cand[name] - ref[name]) / scale, abs(ctl[name] - ref[name]) / scale
         threshold = max(FACTOR * floor, MIN_DIFFERENCE)
         row = {"difference": difference, "floor": floor, "threshold": threshold,
                "differs": difference is not None and difference > threshold}
@@ -139,11 +150,16 @@ def compare(reference: tuple[dict, dict], candidate: tuple[dict, dict], control:
     rows["loss"]["differs"] = any(rows[n]["differs"] for n in ("loss", *TERMS))
     first = next((name for name in ORDER if rows[name]["differs"]), None)
     if first == "loss" and [rows[t]["differs"] for t in TERMS].count(True) == 1:
-        first = next(t for t in TERMS if rows[t]["differs"])
+        one = next(t for t in TERMS if rows[t]["differs"])
+        other = rows[TERMS[1 - TERMS.index(one)]]["ratio"]
+        # a term within rounding of zero shows a normalisation only as its ratio: the same factor is the loss's
+        if other is None or abs(other - (rows[one]["ratio"] or 0.0)) > SAME_FACTOR * abs(other):
+            first = one
     check_ref, check_cand = reference[0], candidate[0]
     missing = sorted(set(check_ref["trainable"]) ^ set(check_cand["trainable"]))
     return {"backend": check_cand["backend"], "reference": check_ref["backend"], "dtype": check_cand["dtype"],
-            "reference_dtype": check_ref["dtype"], "control_dtype": control[0]["dtype"], "factor": FACTOR,
+            "reference_dtype": check_ref["dtype"], "control_dtype": control[0]["dtype"],
+            "control_built_as": control[0].get("built_as", control[0]["backend"]), "factor": FACTOR,
             "completions": check_ref["completions"], "tokens": check_ref["tokens"],
             "with_advantage": check_ref.get("with_advantage"), "quantities": rows, "first": first,
             "only_in_one": missing, "said": said(first, rows, check_ref, check_cand)}
