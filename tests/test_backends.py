@@ -433,6 +433,20 @@ def test_unsloth_and_vllm_backends_need_cuda():
             backends.get(name).check_runnable("cpu")
 
 
+def test_a_trainer_check_in_a_precision_the_engine_refuses_builds_the_stack_without_it():
+    """Unsloth's vLLM load stops on float32 ("We do not support dtype = torch.float32 yet!"): a `vllm` reference's
+    control (bfloat16 studies: float32) is its trainer stack without the engine, the fault kept; others as named."""
+    assert backends.trainer_check_backend("vllm", "float32") == "unsloth_fi_false"
+    assert backends.trainer_check_backend("vllm+no_kl", "float32") == "unsloth_fi_false+no_kl"
+    assert backends.trainer_check_backend("vllm", "bfloat16") == "vllm"
+    assert all(backends.trainer_check_backend(name, dtype) == name for name in ("hf", "trl_vllm", "native")
+               for dtype in ("float32", "bfloat16"))
+    for name in backends.names():  # every engine that refuses a precision names an existing backend of its stack
+        backend = backends.get(name)
+        if backend.engine_refuses:
+            assert backends.get(backend.without_engine).stack == backend.stack
+
+
 def test_a_train_job_checks_its_trackers_before_taking_a_gpu(tiny_config):
     """On a cluster the planning machine does not check: each train job does, before its GPU lease."""
     from grpo_equivalence.training import session, trackers

@@ -117,8 +117,13 @@ def rollout_code(wildcards):
 
 
 def trainer_code(backend):
-    """The trainer check's code of this backend, as train_code."""
+    """The trainer check's code of this backend, as train_code, and of the backend it is built as where its engine
+    cannot load in a precision (backends.trainer_check_backend)."""
     modules, files = backends.code_of(backend)
+    without = getattr(backends.get(backend), "without_engine", None)
+    if without:
+        more_modules, more_files = backends.code_of(without)
+        modules, files = [*modules, *more_modules], [*files, *more_files]
     return script_code("trainer_check", *modules, files=[*files, *STUDY_CODE])
 
 

@@ -213,10 +213,15 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ba
     and per-parameter tensors (`tensors`, for the comparison)."""
     import torch
 
+    from ..training import backends
     from ..training.session import session
 
     began = time.perf_counter()
-    with session(config, backend_name, max_steps, model_path=model_path, dataset=dataset, log=log) as built:
+    built_as = backends.trainer_check_backend(backend_name, config["dtype"])
+    if built_as != backend_name:
+        log(f"[{backend_name}] its engine cannot load in {config['dtype']}: the check (which never samples) builds "
+            f"the same trainer stack without it, {built_as}")
+    with session(config, built_as, max_steps, model_path=model_path, dataset=dataset, log=log) as built:
         trainer = built.trainer
         params = set_adapter(trainer.model, config["grpo"]["seed"])
         trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
@@ -252,7 +257,8 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ba
     per_sequence = -advantages * torch.tensor(lengths, dtype=torch.float32)
     summed = float(per_sequence.sum() + beta * per_token["kl"].sum())
     result = {
-        "schema_version": SCHEMA_VERSION, "backend": backend_name, "fault": faults.split(backend_name)[1],
+        "schema_version": SCHEMA_VERSION, "backend": backend_name, "built_as": built_as,
+        "fault": faults.split(backend_name)[1],
         "dtype": config["dtype"], "seed": config["grpo"]["seed"], "max_steps": max_steps, "beta": beta,
         "loss_type": getattr(trainer.args, "loss_type", None), "completions": len(lengths), "tokens": sum(lengths),
         "with_advantage": int((advantages != 0).sum()),

@@ -19,7 +19,7 @@ from .. import faults
 from .base import STACK_REFERENCES, Backend, BackendUnavailable, Loaded, LoadSpec, WithFault
 
 __all__ = ["STACK_REFERENCES", "Backend", "BackendUnavailable", "LoadSpec", "Loaded", "get", "names", "module_file",
-           "module_name", "code_of", "stack", "ENTRY_POINTS"]
+           "module_name", "code_of", "stack", "trainer_check_backend", "ENTRY_POINTS"]
 
 
 ENTRY_POINTS = "grpo_equivalence.backends"
@@ -66,6 +66,16 @@ def get(name: str) -> Backend:
         return backend
     faults.check(fault)
     return WithFault(backend, fault)
+
+
+def trainer_check_backend(name: str, dtype: str) -> str:
+    """The backend a trainer check of `name` in `dtype` builds: `name` itself, or where its engine cannot load in that
+    precision, the same trainer stack without the engine (Backend.without_engine), its fault kept."""
+    backend = get(name)
+    if dtype not in getattr(backend, "engine_refuses", ()):
+        return name
+    base, fault = faults.split(name)
+    return backend.without_engine + (f"{faults.SEPARATOR}{fault}" if fault else "")
 
 
 def stack(name: str) -> str | None:

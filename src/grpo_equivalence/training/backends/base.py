@@ -58,6 +58,11 @@ class Backend:
     # How the backend reports the logits its sampler drew each token from (training.sampler_logits: "generate",
     # "native", "vllm"); None: it cannot, and the rollout check scores its tokens with the trainer's logits only
     sampler_logits: str | None = None
+    # The precisions the backend's engine cannot load in (Unsloth's vLLM refuses float32), and the backend of the same
+    # trainer stack without that engine: a trainer check never samples, so where its precision is one of these (the
+    # reference's control, in the other precision) it is built as that backend (trainer_check_backend)
+    engine_refuses: tuple[str, ...] = ()
+    without_engine: str | None = None
 
     def check_runnable(self, device: str | None) -> None:
         """Raises BackendUnavailable naming what is missing and how to fix it (device None: packages only)."""

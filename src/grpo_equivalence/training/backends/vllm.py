@@ -31,4 +31,6 @@ BACKEND = UnslothVLLM(
     fast_inference=True,
     options=_vllm.OPTIONS,
     sampler_order="vllm",
+    engine_refuses=("float32",),  # "Unsloth: We do not support dtype = torch.float32 yet!" (unsloth_zoo load_vllm)
+    without_engine="unsloth_fi_false",
 )
