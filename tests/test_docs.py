@@ -84,22 +84,48 @@ def test_the_readmes_study_is_the_example_study_and_it_is_valid(tmp_path):
     check(yaml.safe_load(shown), [example, ROOT])  # the rewards, the template and the data file it names are there
 
 
-def test_the_readmes_verdicts_are_those_of_the_example_it_names():
-    """The README's verdict table is the current verdict on the runs of the example it names (whose committed report
-    shows the verdict of when it ran)."""
+def test_the_readmes_answer_is_that_of_the_example_it_names():
+    """The README's answer table is the current verdict and speed on the runs of the example it names, and its
+    sampler column the example's report's rollout judgment."""
+    import math
+
+    from helpers import tables_headed
+
     from grpo_equivalence.analysis import runs as run_files
-    from grpo_equivalence.analysis.verdict import DIVERGENT, METRICS
+    from grpo_equivalence.analysis.verdict import EQUIVALENT
     from grpo_equivalence.report import render, sections
 
     readme = README.read_text()
-    rows = re.findall(r"^\| (?:cb_paged|hf|hf_static|trl_vllm|unsloth_fi_false) \|.*\|$", readme, re.M)
-    example = ROOT / "docs" / "examples" / "h200-packed-study-decides"
+    example = ROOT / "docs" / "examples" / "h100-headline-study"
+    assert "(docs/examples/h100-headline-study/README.md)" in readme
     runs = run_files.load_runs(render.stats_files(example / "stats"))
     judged = render.judged(runs, "vllm")
-    pairs = sections.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), "vllm")[0]["pairs"]
-    cell = lambda v: f"**{v}**" if v == DIVERGENT else v  # noqa: E731
-    assert rows == [f"| {p['candidate']} | " + " | ".join(cell(p["metrics"][m]["verdict"]["verdict"]) for m in METRICS)
-                    + " |" for p in pairs]
+    table = sections.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), "vllm")[0]
+    speed = {row["backend"]: row for row in table["rows"]}
+    answer = {row["Candidate"]: row["Rollout at fixed weights"]
+              for row in tables_headed((example / "grpo_equivalence.md").read_text(), "Candidate", "Rollout at fixed weights")[0]}
+
+    def sampler(cell):
+        if "sampler correct (on its own logits)" in cell:
+            return "correct, on its own logits"
+        if "sampler **divergent**" in cell and "on its own logits" in cell and "too cold" in cell:
+            return "**divergent**, on its own logits (keeps fewer tokens)"
+        assert "sampler **divergent**" in cell and "too hot" in cell and "against the reference's" in cell, cell
+        return "divergent from vllm's (hotter)"
+
+    names = {"loss": "loss", "reward": "reward", "grad_norm": "grad_norm", "completion_length": "length"}
+    expected = {}
+    for pair in table["pairs"]:
+        metrics = pair["metrics"]
+        same = [names[m] for m in names if metrics[m]["verdict"]["verdict"] == EQUIVALENT]
+        runs_cell = f"{', '.join(same)} equivalent" if same else "all open"
+        if "grad_norm" not in same:
+            runs_cell += f"; grad_norm {math.exp(metrics['grad_norm']['verdict']['difference']):.2f}x"
+        row = speed[pair["candidate"]]
+        expected[pair["candidate"]] = (f"| `{pair['candidate']}` | {sampler(answer[pair['candidate']])} | {runs_cell} | "
+                                       f"{row['median_step_s']:.3f} s, {row['pct_of_reference']:.0f} % |")
+    rows = re.findall(r"^\| `(?:cb_paged|hf|hf_static|trl_vllm|unsloth_fi_false|native)` \|.* % \|$", readme, re.M)
+    assert sorted(rows) == sorted(expected.values())
 
 
 def run_as_printed(command: str, project: Path) -> subprocess.CompletedProcess:

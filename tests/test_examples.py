@@ -420,7 +420,9 @@ def test_the_rollout_checks_rows_are_their_files():
             ("gpu-exact", "rollout-hf-study-bfloat16"): "| `hf`, T 0.1, min_p 0.5 (`config.yaml`'s) | H200 | 2 |",
             ("gpu-exact", "rollout-trl_vllm-study-bfloat16"): "| `trl_vllm`, T 0.1, min_p 0.5 | H100 | 1 |",
             ("gpu-exact", "rollout-trl_vllm-study-bfloat16-exact_top_p"):
-                "| `trl_vllm` with `exact_top_p: true`, the same | H100 | 1 |"}
+                "| `trl_vllm` with `exact_top_p: true`, the same | H100 | 1 |",
+            ("gpu-exact", "rollout-trl_vllm-study-bfloat16-exact_top_p-repointed"):
+                "| `trl_vllm` with `exact_top_p: true` repointed, the same | H100 | 1 |"}
     columns = ("reference", "control", "temperature_up", "temperature_down", "no_min_p", "no_top_k", "drop_weakest",
                "fp8_rollout")
     for (folder, name), label in rows.items():
