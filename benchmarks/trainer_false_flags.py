@@ -6,14 +6,30 @@ the loss stage's three scalars (the loss and its two terms), and the factors tha
 quantiles at 1 - 5 % and 1 - 5 %/3).
 
     python benchmarks/trainer_false_flags.py [DRAWS]   (default 400000)
+
+With --runs SEEDS, real trainer checks instead, on the CPU with the tiny study: at each seed (its own batch, sampled
+by `hf`, and its own adapter) the reference `hf`, its control in the other precision and each correct candidate
+(the same trainer through another rollout backend), compared as the workflow compares them. Prints, per stage,
+how many comparisons flagged it and the spread of its floor over the seeds (one draw each), and writes them as JSON.
+
+    python benchmarks/trainer_false_flags.py --runs 10 [--dtype float32] [--out docs/faults/trainer-false-flags-cpu.json]
 """
 
+import argparse
+import json
 import sys
+import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchlib  # noqa: E402
 
 from grpo_equivalence.checks import trainer_verdict  # noqa: E402
+
+CANDIDATES = ("hf_static", "cb_paged", "native")
+OTHER = {"float32": "bfloat16", "bfloat16": "float32"}
+FIRST_SEED = 5001  # seeds no trainer check of the docs used
 
 
 def ratios(numbers: int, draws: int, rng):
@@ -23,10 +39,79 @@ def ratios(numbers: int, draws: int, rng):
     return np.linalg.norm(candidate - reference, axis=1) / np.linalg.norm(reference, axis=1)
 
 
+def real_runs(seeds: int, dtype: str) -> dict:
+    """The trainer checks of the reference, its control and CANDIDATES at `seeds` seeds; per seed and candidate,
+    every stage's difference, floor and whether it was flagged."""
+    import torch
+
+    from grpo_equivalence.checks import trainer
+
+    benchlib.build_tiny(2)
+    dataset = {"path": "json", "data_files": str(benchlib.DATA)}
+    comparisons = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(FIRST_SEED, FIRST_SEED + seeds):
+            config = benchlib.study(dtype=dtype)
+            config["grpo"]["seed"] = seed
+            folder = Path(tmp) / str(seed)
+            folder.mkdir()
+            batch = trainer.sample_batch(config, "hf", model_path=str(benchlib.MODEL), dataset=dataset,
+                                         out=folder / "batch.json", log=benchlib.quiet)
+            checks = {}
+            for name, backend, precision in (("reference", "hf", dtype), ("control", "hf", OTHER[dtype]),
+                                             *[(c, c, dtype) for c in CANDIDATES]):
+                trainer.check({**config, "dtype": precision}, backend, model_path=str(benchlib.MODEL), dataset=dataset,
+                              batch=batch, max_steps=12, out=folder / f"{name}.json", tensors=folder / f"{name}.pt",
+                              log=benchlib.quiet)
+                checks[name] = (json.loads((folder / f"{name}.json").read_text()), torch.load(folder / f"{name}.pt"))
+            for name in CANDIDATES:
+                result = trainer_verdict.compare(checks["reference"], checks[name], checks["control"])
+                comparisons.append({"seed": seed, "candidate": name, "first": result["first"],
+                                    "quantities": {q: {k: row[k] for k in ("difference", "floor", "differs")}
+                                                   for q, row in result["quantities"].items()}})
+                print(f"seed {seed} {name}: first {result['first']}", flush=True)
+    return {"dtype": dtype, "control_dtype": OTHER[dtype], "seeds": seeds, "first_seed": FIRST_SEED,
+            "candidates": list(CANDIDATES), "factor": trainer_verdict.FACTOR, "comparisons": comparisons}
+
+
+def runs_table(result: dict) -> str:
+    """Per stage: the comparisons that flagged it, the largest difference over its threshold, and its floor's
+    spread over the seeds (each seed's floor a draw of its own)."""
+    import statistics
+
+    lines = ["| Stage | Flagged | Largest difference / threshold | Floor over the seeds: median (min to max) |",
+             "| --- | ---: | ---: | --- |"]
+    every = result["comparisons"]
+    for name in (*trainer_verdict.ORDER, *trainer_verdict.TERMS):
+        rows = [c["quantities"][name] for c in every if c["quantities"][name]["difference"] is not None]
+        if not rows:
+            continue
+        floors = sorted({c["seed"]: c["quantities"][name]["floor"] for c in every}.values())
+        worst = max(r["difference"] / max(trainer_verdict.FACTOR * r["floor"], trainer_verdict.MIN_DIFFERENCE)
+                    for r in rows)
+        spread = (f"{statistics.median(floors):.3g} ({floors[0]:.3g} to {floors[-1]:.3g})"
+                  if name not in trainer_verdict.EXACT else "exact")
+        lines.append(f"| {trainer_verdict.NAMES[name]} | {sum(r['differs'] for r in rows)} of {len(rows)} | "
+                     f"{worst:.3g} | {spread} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     import numpy as np
 
-    draws = int(sys.argv[1]) if len(sys.argv) > 1 else 400_000
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("draws", nargs="?", type=int, default=400_000)
+    parser.add_argument("--runs", type=int, help="real trainer checks at this many seeds, instead of the model")
+    parser.add_argument("--dtype", choices=tuple(OTHER), default="float32")
+    parser.add_argument("--out", default="results/benchmarks/trainer-false-flags.json")
+    args = parser.parse_args()
+    if args.runs:
+        result = real_runs(args.runs, args.dtype)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(runs_table(result))
+        return
+    draws = args.draws
     rng = np.random.default_rng(20261205)
     factor = trainer_verdict.FACTOR
     print(f"error model, {draws} draws a row")

@@ -464,3 +464,16 @@ def test_a_failed_check_drops_its_repetition_not_the_fault_benchmarks_row(tmp_pa
     assert failed[0]["backend"] == "no_such_backend" and failed[0]["seed"] == 7
     assert "no_such_backend" in failed[0]["error"] and "Pickl" not in failed[0]["error"], failed
     sys.modules.pop("fault_detection", None)
+
+
+def test_the_trainer_checks_false_flag_tables_are_their_runs():
+    """docs/trainer-check.md's tables of real trainer checks are benchmarks/trainer_false_flags.py's of its files:
+    ten seeds, three correct candidates each, in both precisions."""
+    import json
+
+    module = _benchmark("trainer_false_flags")
+    text = (ROOT / "docs" / "trainer-check.md").read_text()
+    for name, dtype in (("trainer-false-flags-cpu", "float32"), ("trainer-false-flags-cpu-bfloat16", "bfloat16")):
+        result = json.loads((ROOT / "docs" / "faults" / f"{name}.json").read_text())
+        assert result["dtype"] == dtype and result["seeds"] == 10 and len(result["comparisons"]) == 30
+        assert module.runs_table(result) in text, name
