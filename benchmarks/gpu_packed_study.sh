@@ -41,7 +41,11 @@ echo "started $start" > "$out/progress.log"
       2>/dev/null | head -1 | tr -d ' '),$(cut -d' ' -f1 /proc/loadavg)"
   done ) > "$out/gpu.csv" &
 sampler=$!
-timeout "${DEADLINE:-0}" python3 -m snakemake results/grpo_equivalence.md --cores "${CORES:-16}" --resources gpu=1 --config study="$out/study.yaml" results=results \
+# A call cut short (the machine's own limit, past DEADLINE) leaves Snakemake's lock: lifted where no Snakemake runs here
+pgrep -f "snakemake results/grpo_equivalence.md" >/dev/null || python3 -m snakemake results/grpo_equivalence.md --unlock \
+  --config study="$out/study.yaml" results=results >/dev/null 2>&1
+# TERM at DEADLINE, KILL 30 s later: Snakemake waits for its jobs to stop, and the copy below must still run
+timeout -k 30 "${DEADLINE:-0}" python3 -m snakemake results/grpo_equivalence.md --cores "${CORES:-16}" --resources gpu=1 --config study="$out/study.yaml" results=results \
   --keep-going --rerun-incomplete > "$out/snakemake.log" 2>&1
 echo "snakemake exit $?" >> "$out/progress.log"
 kill "$sampler" 2>/dev/null
