@@ -10,9 +10,10 @@ quantiles at 1 - 5 % and 1 - 5 %/3).
 With --runs SEEDS, real trainer checks instead, on the CPU with the tiny study: at each seed (its own batch, sampled
 by `hf`, and its own adapter) the reference `hf`, its control in the other precision and each correct candidate
 (the same trainer through another rollout backend), compared as the workflow compares them. Prints, per stage,
-how many comparisons flagged it and the spread of its floor over the seeds (one draw each), and writes them as JSON.
+how many comparisons flagged it and the spread of its floor over the seeds (one draw each); and per fault of the
+trainer (hf+no_kl, hf+loss_x2), at how many seeds it was named where it acts. Writes them as JSON.
 
-    python benchmarks/trainer_false_flags.py --runs 10 [--dtype float32] [--out docs/faults/trainer-false-flags-cpu.json]
+    python benchmarks/trainer_false_flags.py --runs 10 [--dtype float32] [--first-seed 5011] [--out FILE]
 """
 
 import argparse
@@ -28,8 +29,10 @@ import benchlib  # noqa: E402
 from grpo_equivalence.checks import trainer_verdict  # noqa: E402
 
 CANDIDATES = ("hf_static", "cb_paged", "native")
+# Faults of the trainer the check must still flag, at the quantity where each acts
+FAULTS = {"hf+no_kl": "kl_term", "hf+loss_x2": "loss"}
 OTHER = {"float32": "bfloat16", "bfloat16": "float32"}
-FIRST_SEED = 5001  # seeds no trainer check of the docs used
+FIRST_SEED = 5011  # seeds no trainer check of the docs used (5001 to 5010 were read to change the verdict's rule)
 
 
 def ratios(numbers: int, draws: int, rng):
@@ -39,7 +42,7 @@ def ratios(numbers: int, draws: int, rng):
     return np.linalg.norm(candidate - reference, axis=1) / np.linalg.norm(reference, axis=1)
 
 
-def real_runs(seeds: int, dtype: str) -> dict:
+def real_runs(seeds: int, dtype: str, first_seed: int = FIRST_SEED) -> dict:
     """The trainer checks of the reference, its control and CANDIDATES at `seeds` seeds; per seed and candidate,
     every stage's difference, floor and whether it was flagged."""
     import torch
@@ -50,7 +53,7 @@ def real_runs(seeds: int, dtype: str) -> dict:
     dataset = {"path": "json", "data_files": str(benchlib.DATA)}
     comparisons = []
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(FIRST_SEED, FIRST_SEED + seeds):
+        for seed in range(first_seed, first_seed + seeds):
             config = benchlib.study(dtype=dtype)
             config["grpo"]["seed"] = seed
             folder = Path(tmp) / str(seed)
@@ -59,19 +62,20 @@ def real_runs(seeds: int, dtype: str) -> dict:
                                          out=folder / "batch.json", log=benchlib.quiet)
             checks = {}
             for name, backend, precision in (("reference", "hf", dtype), ("control", "hf", OTHER[dtype]),
-                                             *[(c, c, dtype) for c in CANDIDATES]):
+                                             *[(c, c, dtype) for c in (*CANDIDATES, *FAULTS)]):
                 trainer.check({**config, "dtype": precision}, backend, model_path=str(benchlib.MODEL), dataset=dataset,
                               batch=batch, max_steps=12, out=folder / f"{name}.json", tensors=folder / f"{name}.pt",
                               log=benchlib.quiet)
                 checks[name] = (json.loads((folder / f"{name}.json").read_text()), torch.load(folder / f"{name}.pt"))
-            for name in CANDIDATES:
+            for name in (*CANDIDATES, *FAULTS):
                 result = trainer_verdict.compare(checks["reference"], checks[name], checks["control"])
                 comparisons.append({"seed": seed, "candidate": name, "first": result["first"],
                                     "quantities": {q: {k: row[k] for k in ("difference", "floor", "differs")}
                                                    for q, row in result["quantities"].items()}})
                 print(f"seed {seed} {name}: first {result['first']}", flush=True)
-    return {"dtype": dtype, "control_dtype": OTHER[dtype], "seeds": seeds, "first_seed": FIRST_SEED,
-            "candidates": list(CANDIDATES), "factor": trainer_verdict.FACTOR, "comparisons": comparisons}
+    return {"dtype": dtype, "control_dtype": OTHER[dtype], "seeds": seeds, "first_seed": first_seed,
+            "candidates": list(CANDIDATES), "faults": FAULTS, "factor": trainer_verdict.FACTOR,
+            "comparisons": comparisons}
 
 
 def runs_table(result: dict) -> str:
@@ -81,7 +85,7 @@ def runs_table(result: dict) -> str:
 
     lines = ["| Stage | Flagged | Largest difference / threshold | Floor over the seeds: median (min to max) |",
              "| --- | ---: | ---: | --- |"]
-    every = result["comparisons"]
+    every = [c for c in result["comparisons"] if c["candidate"] in result["candidates"]]
     for name in (*trainer_verdict.ORDER, *trainer_verdict.TERMS):
         rows = [c["quantities"][name] for c in every if c["quantities"][name]["difference"] is not None]
         if not rows:
@@ -96,6 +100,21 @@ def runs_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def faults_table(result: dict) -> str:
+    """Per fault of the trainer: at how many seeds the check named the quantity where it acts as the first that
+    differs, and what it named at the others."""
+    from collections import Counter
+
+    lines = ["| Fault | Named where it acts | Otherwise named |", "| --- | ---: | --- |"]
+    for fault, where in result.get("faults", {}).items():
+        named = Counter(c["first"] for c in result["comparisons"] if c["candidate"] == fault)
+        others = ", ".join(f"{trainer_verdict.NAMES.get(k, 'nothing') if k else 'nothing'} {n}"
+                           for k, n in sorted(named.items(), key=lambda item: str(item[0])) if k != where)
+        lines.append(f"| `{fault}` ({trainer_verdict.NAMES[where]}) | {named[where]} of {sum(named.values())} | "
+                     f"{others or '-'} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     import numpy as np
 
@@ -103,13 +122,15 @@ def main() -> None:
     parser.add_argument("draws", nargs="?", type=int, default=400_000)
     parser.add_argument("--runs", type=int, help="real trainer checks at this many seeds, instead of the model")
     parser.add_argument("--dtype", choices=tuple(OTHER), default="float32")
+    parser.add_argument("--first-seed", type=int, default=FIRST_SEED)
     parser.add_argument("--out", default="results/benchmarks/trainer-false-flags.json")
     args = parser.parse_args()
     if args.runs:
-        result = real_runs(args.runs, args.dtype)
+        result = real_runs(args.runs, args.dtype, args.first_seed)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(runs_table(result))
+        print(faults_table(result))
         return
     draws = args.draws
     rng = np.random.default_rng(20261205)

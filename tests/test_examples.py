@@ -468,12 +468,13 @@ def test_a_failed_check_drops_its_repetition_not_the_fault_benchmarks_row(tmp_pa
 
 def test_the_trainer_checks_false_flag_tables_are_their_runs():
     """docs/trainer-check.md's tables of real trainer checks are benchmarks/trainer_false_flags.py's of its files:
-    ten seeds, three correct candidates each, in both precisions."""
+    ten fresh seeds, three correct candidates and two faults each, in both precisions."""
     import json
 
     module = _benchmark("trainer_false_flags")
     text = (ROOT / "docs" / "trainer-check.md").read_text()
     for name, dtype in (("trainer-false-flags-cpu", "float32"), ("trainer-false-flags-cpu-bfloat16", "bfloat16")):
         result = json.loads((ROOT / "docs" / "faults" / f"{name}.json").read_text())
-        assert result["dtype"] == dtype and result["seeds"] == 10 and len(result["comparisons"]) == 30
-        assert module.runs_table(result) in text, name
+        assert result["dtype"] == dtype and result["seeds"] == 10 and result["first_seed"] == module.FIRST_SEED
+        assert len(result["comparisons"]) == 10 * (len(result["candidates"]) + len(result["faults"])) == 50
+        assert module.runs_table(result) in text and module.faults_table(result) in text, name

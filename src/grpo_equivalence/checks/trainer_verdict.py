@@ -5,9 +5,10 @@ them, where the two stacks part.
 The floor of a quantity is its relative difference between the reference's check in the study's precision and the
 reference's check in the other one (float32 and bfloat16: the control): numerical noise of that size is what the
 precision alone does. A quantity differs when its relative difference exceeds FACTOR times that floor (and
-MIN_DIFFERENCE, below which float32 itself rounds). The loss and its two terms are relative to the size of those
-terms, where rounding acts (a term that cancels to zero would otherwise be its own rounding over itself); a term
-within rounding of zero beside one that differs, by the same factor, is the loss's normalisation. The control itself sits at the floor by construction: what it
+MIN_DIFFERENCE, below which float32 itself rounds). The loss and its policy term are relative to the size of what
+they sum (the advantages' mean magnitude and the KL term), where rounding acts: a sum that cancels to zero would
+otherwise be its own rounding over itself; a term within rounding of zero beside one that differs, by the same
+factor, is the loss's normalisation. The control itself sits at the floor by construction: what it
 shows is that the method does not call a precision change a difference. The rule, FACTOR and MIN_DIFFERENCE were
 fixed before any stack was compared. The trainable parameters, their LoRA scaling, the optimizer's groups and the
 learning-rate schedule have no precision noise: they are compared exactly (to MIN_DIFFERENCE).
@@ -32,7 +33,7 @@ PER_TOKEN = ("policy_logps", "reference_logps", "stack_reference_logps", "kl", "
 EXACT = ("trainable", "lora_scaling", "optimizer", "schedule")
 FACTOR = 2.0
 MIN_DIFFERENCE = 1e-6
-SCALARS = ("loss", *TERMS)
+CANCELLING = ("loss", "policy_term")  # sums whose terms may cancel
 # Two ratios this close are one factor (a normalisation scales both terms exactly)
 SAME_FACTOR = 1e-3
 
@@ -125,15 +126,18 @@ def compare(reference: tuple[dict, dict], candidate: tuple[dict, dict], control:
     verdict, and the first that differs with a sentence saying how."""
     ref, cand, ctl = (_values(*pair) for pair in (reference, candidate, control))
     rows = {}
-    # The loss and its two terms are relative to the size of the two terms: rounding acts on them, not on a sum or a
-    # term that cancels (at ratio 1 the policy term is zero where a group's completions are equally long; measured
-    # against itself, its rounding would be a difference)
-    scale = abs(ref["policy_term"]) + abs(ref["kl_term"])
+    # The loss and its policy term are relative to the size of what they sum, where rounding acts: per token an
+    # advantage (their mean magnitude) and the KL term. At ratio 1 the policy term is zero where a group's completions
+    # are equally long, and its value then each stack's rounding of terms about |A| in size: measured against itself,
+    # that rounding would read as a difference. The KL term, a sum of positive terms, is relative to itself.
+    advantages = ref["advantages"]
+    summands = (float(advantages.abs().mean()) if advantages is not None and advantages.numel() else 0.0) + \
+        abs(ref["kl_term"])
     for name in (*ORDER, *TERMS):
         difference = _difference(name, cand[name], ref[name])
         floor = 0.0 if name in EXACT else (_difference(name, ctl[name], ref[name]) or 0.0)
-        if name in SCALARS and scale:
-            difference, floor = abs(cand[name] - ref[name]) / scale, abs(ctl[name] - ref[name]) / scale
+        if name in CANCELLING and summands:
+            difference, floor = abs(cand[name] - ref[name]) / summands, abs(ctl[name] - ref[name]) / summands
         threshold = max(FACTOR * floor, MIN_DIFFERENCE)
         row = {"difference": difference, "floor": floor, "threshold": threshold,
                "differs": difference is not None and difference > threshold}
