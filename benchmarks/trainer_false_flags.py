@@ -108,7 +108,7 @@ def faults_table(result: dict) -> str:
     lines = ["| Fault | Named where it acts | Otherwise named |", "| --- | ---: | --- |"]
     for fault, where in result.get("faults", {}).items():
         named = Counter(c["first"] for c in result["comparisons"] if c["candidate"] == fault)
-        others = ", ".join(f"{trainer_verdict.NAMES.get(k, 'nothing') if k else 'nothing'} {n}"
+        others = ", ".join(f"{trainer_verdict.NAMES[k] if k else 'nothing'} {n}"
                            for k, n in sorted(named.items(), key=lambda item: str(item[0])) if k != where)
         lines.append(f"| `{fault}` ({trainer_verdict.NAMES[where]}) | {named[where]} of {sum(named.values())} | "
                      f"{others or '-'} |")

@@ -229,7 +229,8 @@ def trainer_section(comparisons: list[dict]) -> dict | None:
             for c in comparisons]
     first = comparisons[0]
     return {"reference": first["reference"], "dtype": first["reference_dtype"], "control_dtype": first["control_dtype"],
-            "control_built_as": first.get("control_built_as", first["reference"]), "factor": first["factor"], "completions": first["completions"], "tokens": first["tokens"],
+            "control_built_as": first.get("control_built_as", first["reference"]), "factor": first["factor"],
+            "completions": first["completions"], "tokens": first["tokens"],
             "with_advantage": first.get("with_advantage"), "order": [NAMES[n] for n in ORDER],
             "terms": [NAMES[t] for t in TERMS],
             "rows": sorted(rows, key=lambda r: (r["control"], r["label"]))}

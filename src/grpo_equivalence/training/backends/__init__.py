@@ -74,7 +74,7 @@ def trainer_check_backend(name: str, dtype: str) -> str:
     backend = get(name)
     if dtype not in getattr(backend, "engine_refuses", ()):
         return name
-    base, fault = faults.split(name)
+    fault = faults.split(name)[1]
     return backend.without_engine + (f"{faults.SEPARATOR}{fault}" if fault else "")
 
 
