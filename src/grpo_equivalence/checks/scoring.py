@@ -41,17 +41,27 @@ ORDERS = {"transformers": ("top_k", "top_p", "min_p"), "vllm": ("min_p", "top_k"
 ALTERNATIVE_KEYS = ("shift", "variance", "outside", "changed")
 
 
+class _Chain(list):
+    """The warpers applied in turn, as transformers' LogitsProcessorList applies these ones (none takes more than
+    the ids and the scores), without its signature inspection per call: a check scores thousands of small batches,
+    where that inspection was an eighth of the time."""
+
+    def __call__(self, input_ids, scores):
+        for processor in self:
+            scores = processor(input_ids, scores)
+        return scores
+
+
 def processors(settings: dict, order: str = "transformers"):
     """transformers' own logits warpers for the settings: temperature, then the filters in `order` (ORDERS)."""
     from transformers.generation.logits_process import (
-        LogitsProcessorList,
         MinPLogitsWarper,
         TemperatureLogitsWarper,
         TopKLogitsWarper,
         TopPLogitsWarper,
     )
 
-    chain = LogitsProcessorList()
+    chain = _Chain()
     if settings.get("temperature") not in (None, 1.0):
         chain.append(TemperatureLogitsWarper(settings["temperature"]))
     make = {"top_k": lambda v: TopKLogitsWarper(v), "top_p": lambda v: TopPLogitsWarper(v),
