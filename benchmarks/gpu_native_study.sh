@@ -4,7 +4,11 @@
 #              second seed (the control; CONTROL=0 leaves it out), all 64 prompts in one call (PER_CALL), each
 #              sampled ROUNDS x 4 times (default 1);
 #   speed4, speed64: vllm and native trained 6 steps on that shape, each alone on the GPU, at batch 4 and 64
-#              (the decode step against vllm's, start-up, memory: results.json of each).
+#              (the decode step against vllm's, start-up, memory: results.json of each); SPEED_BACKENDS="native"
+#              leaves vllm out (a machine without vLLM);
+#   liger4, liger64: native alone at batch 4 and 64 with TRL's Liger kernels (grpo.use_liger_kernel: RMSNorm, SwiGLU
+#              and RoPE as Triton kernels; the LM head is TRL's own fused one either way);
+#   gc4, ligergc4: native alone at batch 4 with gradient checkpointing, without and with the Liger kernels (memory).
 # The parts share the study's random 4B model (results/random/model, built once). Set GRPO_EQUIVALENCE_COMMIT where
 # the checkout has no history of its own (a copy of it), so that the runs name their commit.
 # PARTS picks the parts and their order (default "rollout4b speed4 speed64"): with little GPU time left, the first.
@@ -19,9 +23,17 @@ for part in ${PARTS:-rollout4b speed4 speed64}; do
       STUDY=studies/speed-4b.yaml BACKENDS="hf native" REFERENCE=hf PER_CALL="${PER_CALL:-64}" \
         bash benchmarks/gpu_rollout_check.sh "$out/rollout4b" > "$out/rollout4b.log" 2>&1 ;;
     speed4|speed64)
-      BATCH=${part#speed} BACKENDS="vllm native" STATS_ONLY=1 bash benchmarks/gpu_speed_study.sh "$out/$part" 1 \
-        > "$out/$part.log" 2>&1 ;;
-    *) echo "unknown part $part: PARTS takes rollout4b, speed4 and speed64" >&2; exit 2 ;;
+      BATCH=${part#speed} BACKENDS="${SPEED_BACKENDS:-vllm native}" STATS_ONLY=1 \
+        bash benchmarks/gpu_speed_study.sh "$out/$part" 1 > "$out/$part.log" 2>&1 ;;
+    liger4|liger64|gc4|ligergc4)
+      case $part in
+        liger*) grpo="use_liger_kernel: true" ;;
+        *) grpo="" ;;
+      esac
+      case $part in *gc*) grpo="${grpo:+$grpo, }gradient_checkpointing: true" ;; esac
+      BATCH=${part##*[a-z]} BACKENDS=native GRPO="{$grpo}" STATS_ONLY=1 \
+        bash benchmarks/gpu_speed_study.sh "$out/$part" 1 > "$out/$part.log" 2>&1 ;;
+    *) echo "unknown part $part: PARTS takes rollout4b, speed4, speed64, liger4, liger64, gc4 and ligergc4" >&2; exit 2 ;;
   esac
   step "$part" $?
 done

@@ -6,7 +6,8 @@
 # BACKENDS="vllm native" keeps only those backends of the study (the first one its reference); BATCH=64 sets the
 # rollout's batch, the completions generated at once (gradient_accumulation_steps = BATCH / the study's
 # per_device_train_batch_size: TRL generates for the whole optimizer step at once, then trains in micro-batches of
-# the study's size, whose memory a 4B model's trainer can hold); STATS_ONLY=1 trains and records
+# the study's size, whose memory a 4B model's trainer can hold); GRPO='{use_liger_kernel: true}' merges those settings
+# into the study's `grpo` (a YAML mapping: every backend of the study gets them); STATS_ONLY=1 trains and records
 # the runs without the rollout checks and the report (the speed figures need only the runs).
 # Usage: benchmarks/gpu_speed_study.sh [OUTDIR] [GPUS] [STUDY]   (GPUS: train jobs at once)
 set -euo pipefail
@@ -14,9 +15,14 @@ out=$(realpath -m "${1:-results/gpu-speed}")
 gpus=${2:-1}
 mkdir -p "$out/stats" "$out/logs"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-python3 - "${3:-studies/speed-4b.yaml}" "$out/study.yaml" "${BACKENDS:-}" "${BATCH:-}" <<'PY'
+python3 - "${3:-studies/speed-4b.yaml}" "$out/study.yaml" "${BACKENDS:-}" "${BATCH:-}" "${GRPO:-}" <<'PY'
 import sys, yaml
 config = yaml.safe_load(open(sys.argv[1]))
+if sys.argv[5]:
+    extra = yaml.safe_load(sys.argv[5])
+    if not isinstance(extra, dict):
+        sys.exit(f"GRPO={sys.argv[5]!r} is not a YAML mapping of GRPOConfig settings, e.g. GRPO='{{use_liger_kernel: true}}'")
+    config["grpo"].update(extra)
 if sys.argv[3].split():
     config.update(backends=sys.argv[3].split(), reference=sys.argv[3].split()[0])
 if sys.argv[4]:
