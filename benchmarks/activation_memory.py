@@ -1,0 +1,107 @@
+"""What a TRL + PEFT training step keeps for its backward pass, per token and layer, at a real architecture's shape.
+
+The peak memory of a GRPO step without gradient checkpointing is the model's weights (and, for `native`, its merged
+copy and KV cache) plus the activations the forward pass saves for the backward pass: those grow with the tokens
+of a micro-batch and the layers. This counts them exactly, on the CPU, for one decoder layer of the architecture in
+the study's dtype with the study's LoRA on it, through PEFT as TRL applies it: every tensor autograd saves
+(torch.autograd.graph.saved_tensors_hooks), each storage once, the parameters left out, grouped by what saved it.
+The count does not depend on the device, except for the attention kernel (the CPU's SDPA saves what FlashAttention
+saves: queries, keys, values, output and the log-sum-exp).
+
+Variants: `default` (PEFT's adapters in float32 beside a bfloat16 model, its default: every adapter casts its input
+to float32 and keeps that copy), `bf16_adapters` (autocast_adapter_dtype=False: adapters in the model's dtype),
+`checkpointing` (gradient checkpointing: only each layer's input is kept; one layer's activations are recomputed
+at a time in the backward pass).
+
+    python benchmarks/activation_memory.py [--architecture studies/architectures/qwen3-4b.json] [--tokens 640]
+        [--batch 4] [--out FILE]
+
+prints, per variant, KB per token and layer and the activations of a micro-batch of `batch` sequences of `tokens`
+tokens over all the architecture's layers, in GB.
+"""
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+VARIANTS = ("default", "bf16_adapters", "checkpointing")
+
+
+def saved_per_token(architecture: dict, lora: dict, *, tokens: int, dtype: str, variant: str, layers: int) -> dict:
+    """Bytes saved for the backward pass by the forward of `layers` decoder layers, per token, by dtype."""
+    import torch
+    from peft import get_peft_model
+
+    from grpo_equivalence.training.backends.base import lora_config
+    from grpo_equivalence.training.random_model import model_config
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(architecture, num_hidden_layers=layers, vocab_size=1024)  # the head is TRL's fused one: apart
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    model = get_peft_model(model, lora_config(lora), autocast_adapter_dtype=variant != "bf16_adapters")
+    decoder = model.base_model.model.model
+    if variant == "checkpointing":
+        model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.base_model.model.enable_input_require_grads()
+        model.train()
+    seen = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    by_kind: Counter = Counter()
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            by_kind[str(tensor.dtype).removeprefix("torch.")] += storage.nbytes()
+        return tensor
+
+    ids = torch.randint(0, 1024, (1, tokens))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        decoder(input_ids=ids).last_hidden_state.float().sum()
+    return {kind: size / tokens for kind, size in by_kind.items()}
+
+
+def main(argv=None) -> None:
+    import yaml
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--architecture", default="studies/architectures/qwen3-4b.json")
+    parser.add_argument("--study", default="studies/speed-4b.yaml", help="its lora and dtype are used")
+    parser.add_argument("--tokens", type=int, default=640, help="prompt and completion of one sequence (128 + 512)")
+    parser.add_argument("--batch", type=int, default=4, help="sequences of a micro-batch")
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+
+    from grpo_equivalence.training.random_model import load_architecture
+
+    architecture = load_architecture(ROOT / args.architecture)
+    study = yaml.safe_load((ROOT / args.study).read_text())
+    layers = architecture["num_hidden_layers"]
+    rows = []
+    print(f"{args.architecture}: {layers} layers, {args.batch} x {args.tokens} tokens a micro-batch, LoRA r "
+          f"{study['lora']['r']} on {', '.join(study['lora']['target_modules'])}, {study['dtype']}")
+    print("| Variant | KB per token and layer | of which float32 | KB per token, once | Activations of a micro-batch (GB) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for variant in VARIANTS:
+        # two layers less one: a layer's own, apart from what the model saves once (rotary tables, the final norm)
+        one, two = (saved_per_token(architecture, study["lora"], tokens=args.tokens, dtype=study["dtype"],
+                                    variant=variant, layers=n) for n in (1, 2))
+        kinds = {kind: two.get(kind, 0) - one.get(kind, 0) for kind in set(one) | set(two)}
+        per_token, once = sum(kinds.values()), sum(one.values()) - sum(kinds.values())
+        total_gb = (per_token * layers + once) * args.tokens * args.batch / 1e9
+        rows.append({"variant": variant, "bytes_per_token_layer": per_token, "by_dtype": kinds,
+                     "bytes_per_token_once": once, "micro_batch_gb": total_gb})
+        print(f"| {variant} | {per_token / 1024:.1f} | {kinds.get('float32', 0) / 1024:.1f} | {once / 1024:.1f} | "
+              f"{total_gb:.2f} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"architecture": args.architecture, "tokens": args.tokens,
+                                              "batch": args.batch, "layers": layers, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
