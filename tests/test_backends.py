@@ -461,6 +461,23 @@ def test_a_train_job_checks_its_trackers_before_taking_a_gpu(tiny_config):
     assert trackers.problems(tiny_config) == []
 
 
+def test_liger_kernels_are_refused_on_the_cpu_and_without_their_package_before_a_gpu_is_taken(tiny_config):
+    """grpo.use_liger_kernel passes to TRL, which fails only once the trainer is built; Liger's kernels are Triton
+    kernels for CUDA GPUs, and this machine has no liger-kernel."""
+    from grpo_equivalence.training import session
+
+    tiny_config["grpo"]["use_liger_kernel"] = True
+    with pytest.raises(SystemExit, match=r"grpo.use_liger_kernel: .*this study trains on the CPU"):
+        session.check_packages("hf", tiny_config)
+    with pytest.raises(session.backends.BackendUnavailable, match="trains on the CPU"):
+        session.check_runnable(tiny_config, ["hf"])
+    tiny_config["gpus_per_train_job"] = 1
+    with pytest.raises(SystemExit, match="grpo.use_liger_kernel needs liger-kernel .*pip install liger-kernel"):
+        session.check_packages("hf", tiny_config)
+    tiny_config["grpo"]["use_liger_kernel"] = False
+    session.check_packages("hf", tiny_config)
+
+
 @pytest.mark.parametrize("sized", [False, True], ids=["measuring", "told-its-kv-cache"])
 def test_a_vllm_engine_start_that_lost_its_port_to_another_is_tried_again(monkeypatch, tmp_path, sized):
     """Engines starting together race for the port of their one-process group (torch.distributed's EADDRINUSE: one

@@ -1,6 +1,8 @@
 """A study's `grpo` keys beyond the schema's: fields of the installed TRL's GRPOConfig, of the field's type, and
 not one the workflow sets itself. Checked before any job and again in each train job, against its TRL."""
 
+import importlib.util
+
 import yaml
 
 from ..runtime.paths import SCHEMA
@@ -23,6 +25,27 @@ WORKFLOW_OWNED_GRPO = {
     "vllm_gpu_memory_utilization": "it is the vLLM backends' option: set backend_options.BACKEND.gpu_memory_utilization",
     "use_transformers_continuous_batching": "the backend selects the rollout path: choose cb_paged in `backends`",
 }
+
+
+# GRPOConfig settings that need more than TRL where the train jobs run: the module, its pip name and what it is. TRL
+# raises only once the trainer is built (after the model's load and the job's GPU lease).
+NEEDS_PACKAGE = {"use_liger_kernel": ("liger_kernel", "liger-kernel", "Liger's Triton kernels (RMSNorm, SwiGLU, RoPE), "
+                                      "for CUDA GPUs only")}
+
+
+def package_problems(config: dict) -> list[str]:
+    """One line per `grpo` setting of NEEDS_PACKAGE that cannot run here: its package missing, or a CPU study."""
+    grpo = config.get("grpo") or {}
+    found = []
+    for key, (module, requirement, what) in NEEDS_PACKAGE.items():
+        if not grpo.get(key):
+            continue
+        if config.get("gpus_per_train_job") == 0:
+            found.append(f"grpo.{key}: {what}, and this study trains on the CPU (gpus_per_train_job: 0); remove it")
+        elif importlib.util.find_spec(module) is None:
+            found.append(f"grpo.{key} needs {requirement} ({what}) where the train jobs run: pip install "
+                         f"{requirement}, or remove it")
+    return found
 
 
 def _matches(value, annotation) -> bool:

@@ -41,11 +41,12 @@ def device_for(gpus: int) -> str:
 
 def check_runnable(config: dict, backend_names) -> None:
     """Raises if any of `backend_names` cannot train here with the config's GPU request (no model loaded), or a
-    tracker the config names lacks its package."""
+    tracker or another setting the config names lacks its package."""
     from . import trackers
+    from .grpo_fields import package_problems
 
     device = device_for(config["gpus_per_train_job"])
-    problems = trackers.problems(config)
+    problems = trackers.problems(config) + package_problems(config)
     for name in backend_names:
         try:
             backends.get(name).check_runnable(device)
@@ -60,9 +61,10 @@ def check_packages(backend_name: str, config: dict | None = None) -> None:
     GRPOConfig fields against the TRL installed here (a planning machine without TRL could not check them)."""
     backends.get(backend_name).check_runnable(None)
     from . import trackers
-    from .grpo_fields import grpo_field_problems
+    from .grpo_fields import grpo_field_problems, package_problems
 
-    problems = grpo_field_problems((config or {}).get("grpo") or {}) + trackers.problems(config or {})
+    problems = (grpo_field_problems((config or {}).get("grpo") or {}) + trackers.problems(config or {})
+                + package_problems(config or {}))
     if problems:
         raise SystemExit("error: " + "; ".join(problems))
 
