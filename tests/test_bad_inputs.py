@@ -42,7 +42,7 @@ STUDIES = [
     ("a number YAML reads as text", lambda c, d: c["grpo"].update(learning_rate="5e-4"),
      "grpo.learning_rate: '5e-4' is text to YAML, not a number; write it with a dot and a signed exponent, e.g. 5.0e-4"),
     ("a model folder that does not exist", lambda c, d: c.update(model=str(d / "no-such-model")),
-     f"is not a folder; give a model folder (with config.json) or a hub id"),
+     "is not a folder; give a model folder (with config.json) or a hub id"),
     ("a model folder without config.json", lambda c, d: (d / "empty-model").mkdir() or c.update(model=str(d / "empty-model")),
      "has no config.json; give the folder that save_pretrained wrote"),
     ("a data file that does not exist", lambda c, d: c.update(dataset={"path": "json", "data_files": str(d / "none.jsonl")}),

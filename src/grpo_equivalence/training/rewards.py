@@ -96,7 +96,6 @@ def _parts(spec: str) -> tuple[str, str]:
 def resolved(specs: list[str], bases=()) -> list[str]:
     """The specs with every FILE.py made absolute: as given if absolute, else beside the first of `bases` (the
     study file's folder, the working directory) that holds it."""
-    from pathlib import Path
 
     out = []
     for spec in specs:
@@ -117,7 +116,6 @@ def _import(spec: str, written: str | None = None):
     """The function `spec` names; errors name it as the study wrote it (`written`)."""
     import importlib
     import importlib.util
-    from pathlib import Path
 
     target, function = _parts(spec)
     said = written or spec
