@@ -28,9 +28,9 @@ for part in ${PARTS:-rollout4b speed4 speed64}; do
     liger4|liger64|gc4|ligergc4)
       case $part in
         liger*) grpo="use_liger_kernel: true" ;;
-        *) grpo="" ;;
+        gc4) grpo="gradient_checkpointing: true" ;;
       esac
-      case $part in *gc*) grpo="${grpo:+$grpo, }gradient_checkpointing: true" ;; esac
+      [ "$part" = ligergc4 ] && grpo="$grpo, gradient_checkpointing: true"
       BATCH=${part##*[a-z]} BACKENDS=native GRPO="{$grpo}" STATS_ONLY=1 \
         bash benchmarks/gpu_speed_study.sh "$out/$part" 1 > "$out/$part.log" 2>&1 ;;
     *) echo "unknown part $part: PARTS takes rollout4b, speed4, speed64, liger4, liger64, gc4 and ligergc4" >&2; exit 2 ;;

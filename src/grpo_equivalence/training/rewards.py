@@ -96,7 +96,6 @@ def _parts(spec: str) -> tuple[str, str]:
 def resolved(specs: list[str], bases=()) -> list[str]:
     """The specs with every FILE.py made absolute: as given if absolute, else beside the first of `bases` (the
     study file's folder, the working directory) that holds it."""
-
     out = []
     for spec in specs:
         if spec == STUDY_SET:
