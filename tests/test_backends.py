@@ -478,6 +478,44 @@ def test_liger_kernels_are_refused_on_the_cpu_and_without_their_package_before_a
     session.check_packages("hf", tiny_config)
 
 
+def test_a_configuration_is_its_backend_with_its_grpo_settings_and_no_fault(tiny_config):
+    """`native+liger` loads, samples and trains as `native` does, with the configuration's GRPOConfig settings over
+    the study's; it is no fault (its runs record none), and a study may take it as its reference. On the CPU its
+    kernels are refused before any job, naming the backend to drop."""
+    from grpo_equivalence.study.validate import check
+    from grpo_equivalence.training import faults, session
+
+    assert backends.get("native+liger") is backends.get("native")
+    assert faults.fault_of("native+liger") is None and faults.configuration_of("native+liger") == "liger"
+    assert faults.fault_of("hf+no_min_p") == "no_min_p" and faults.configuration_of("hf+no_min_p") is None
+    grpo = {"beta": 0.001, "use_liger_kernel": False}
+    assert faults.grpo_settings("native+liger", grpo) == {"beta": 0.001, "use_liger_kernel": True}
+    assert faults.grpo_settings("native", grpo) is grpo
+    tiny_config.update(backends=["native", "native+liger"], reference="native+liger")
+    check(tiny_config)  # no "faulted reference", no unknown fault
+    tiny_config.update(backends=["native", "native+ligre"], reference="native")
+    with pytest.raises(Exception, match="unknown fault 'ligre'.*configuration among liger"):
+        check(tiny_config)
+    with pytest.raises(BackendUnavailable, match=r"backends: native\+liger \(configuration 'liger': "
+                                                  r"grpo.use_liger_kernel\): .*trains on the CPU .*drop native\+liger"):
+        session.check_runnable(tiny_config, ["native", "native+liger"])
+    session.check_runnable(tiny_config, ["native"])
+
+
+def test_a_configurations_settings_reach_the_trainer_over_the_studys(tiny_config, primed, monkeypatch):
+    """The session builds BACKEND+CONFIGURATION's trainer with the configuration's settings, the study's for the rest
+    (a configuration of the CPU's stands in for Liger's kernels, which need a CUDA GPU)."""
+    from grpo_equivalence.training import faults
+    from grpo_equivalence.training.session import session
+
+    monkeypatch.setitem(faults.CONFIGURATIONS, "half_beta", ("half the KL weight", {"beta": 0.0005}))
+    common = {"model_path": primed["model"], "dataset": primed["dataset"], "log": lambda message: None}
+    with session(tiny_config, "hf+half_beta", 1, **common) as built:
+        assert built.trainer.args.beta == 0.0005 and built.backend == "hf+half_beta"
+        assert built.trainer.args.learning_rate == tiny_config["grpo"]["learning_rate"]
+    assert tiny_config["grpo"]["beta"] != 0.0005
+
+
 @pytest.mark.parametrize("sized", [False, True], ids=["measuring", "told-its-kv-cache"])
 def test_a_vllm_engine_start_that_lost_its_port_to_another_is_tried_again(monkeypatch, tmp_path, sized):
     """Engines starting together race for the port of their one-process group (torch.distributed's EADDRINUSE: one

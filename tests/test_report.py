@@ -240,6 +240,14 @@ def test_a_backend_with_an_injected_fault_is_marked_wherever_a_table_names_it(tm
     assert len(rows) >= 3 and all("hf+temperature_up (injected fault)" in row for row in rows), rows
 
 
+def test_a_configuration_is_said_once_and_never_marked_as_a_fault(tmp_path):
+    for backend in ("native", "native+liger"):
+        stats.write(tmp_path / f"grpo_{backend}_5.json", make_stats(backend, 5))
+    text = from_stats_dir(tmp_path, "native")
+    assert "**Configurations.** `native+liger` is `native` with TRL's Liger kernels" in text
+    assert "Injected faults" not in text and "(injected fault)" not in text
+
+
 def test_a_candidate_whose_runs_spread_far_more_than_the_references_is_named_with_the_ratio(tmp_path):
     """The stated error rates assume runs distributed alike up to a shift: a candidate whose runs' loss spreads ten
     times the reference's is named beside the verdicts, with the ratio, and the null is said in the introduction."""

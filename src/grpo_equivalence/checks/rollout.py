@@ -58,8 +58,10 @@ def check_on(built, config: dict, backend_name: str, *, out: Path, seed: int, lo
 
     began = time.perf_counter() if began is None else began
     base, fault = faults.split(backend_name)
-    if built.backend not in (backend_name, base):
-        raise ValueError(f"a session built for {built.backend} cannot check {backend_name}: build it for {base}")
+    # a configuration's settings are the session's own, so only a session built with them can check it
+    if built.backend not in (backend_name, base) or (built.backend != backend_name and faults.configuration_of(backend_name)):
+        raise ValueError(f"a session built for {built.backend} cannot check {backend_name}: build it for "
+                         f"{backend_name if faults.configuration_of(backend_name) else base}")
     # its loading's warnings and its own, not those an earlier check of a shared session raised
     earlier = set(built.warned.counts) - built.loading_warnings
     with faults.sampling_fault(built.trainer, fault if built.backend == base else None) as changed:
@@ -120,7 +122,7 @@ def _sample_and_score(built, config: dict, backend_name: str, *, out: Path, seed
         "seed": seed,
         "model": config["model"],
         "dataset": config["dataset"]["path"],
-        "fault": faults.split(backend_name)[1],
+        "fault": faults.fault_of(backend_name),
         "sampling": sampling,
         "dtype": config["dtype"],
         "tolerance": rounding,

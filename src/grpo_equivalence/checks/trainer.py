@@ -258,7 +258,7 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ba
     summed = float(per_sequence.sum() + beta * per_token["kl"].sum())
     result = {
         "schema_version": SCHEMA_VERSION, "backend": backend_name, "built_as": built_as,
-        "fault": faults.split(backend_name)[1],
+        "fault": faults.fault_of(backend_name),
         "dtype": config["dtype"], "seed": config["grpo"]["seed"], "max_steps": max_steps, "beta": beta,
         "loss_type": getattr(trainer.args, "loss_type", None), "completions": len(lengths), "tokens": sum(lengths),
         "with_advantage": int((advantages != 0).sum()),

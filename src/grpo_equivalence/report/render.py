@@ -67,6 +67,7 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     primaries = [group[0] for group in groups.values()]
     tables = step_tables(summaries, comparisons, groups, reference, alpha=alpha, margin=margin, margins=margins)
     skip = summaries[0]["median_over_steps"][0] - 1 if summaries else DEFAULT_SKIP
+    named = sorted({r["backend"] for r in primaries} | {c["label"] for c in (rollout or {}).get("comparisons", [])})
     return env.get_template(Path(template).name).render(
         reference=reference, tables=tables, answer=answer.rows(tables, groups, reference, skip, rollout, trainer),
         edited=sorted(str(path) for path in runs if stats_io.edited(path)),
@@ -77,8 +78,8 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
         settings=study_settings(reference_run(primaries, reference)), warnings=warnings_by_backend(list(runs.values())),
         backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)), rollout=rollout,
         trainer=trainer,
-        faulted={b: faults.FAULTS[faults.split(b)[1]] for b in sorted({r["backend"] for r in primaries} | set(
-            c["label"] for c in (rollout or {}).get("comparisons", []))) if faults.split(b)[1] in faults.FAULTS})
+        faulted={b: faults.FAULTS[faults.split(b)[1]] for b in named if faults.split(b)[1] in faults.FAULTS},
+        configured={b: faults.CONFIGURATIONS[c][0] for b in named if (c := faults.configuration_of(b))})
 
 
 def figures_in(folder: Path, relative_to: Path) -> dict:

@@ -29,7 +29,7 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
     well-formed, so that a schema error elsewhere does not hide these."""
     problems = []
     backends = [b for b in (_get(config, "backends", kind=list) or []) if isinstance(b, str)]
-    from ..training.faults import FAULTS, split
+    from ..training.faults import CONFIGURATIONS, FAULTS, fault_of, split
 
     for name in backends:
         base, fault = split(name)
@@ -39,9 +39,10 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
             continue
         if base not in backend_names:
             problems.append(f"backends: unknown backend {base!r}; choose among {', '.join(backend_names)}")
-        if fault is not None and fault not in FAULTS:
+        if fault is not None and fault not in FAULTS and fault not in CONFIGURATIONS:
             problems.append(f"backends: {name!r} names an unknown fault {fault!r}; choose among {', '.join(FAULTS)} "
-                            f"(BACKEND+FAULT), or drop it")
+                            f"(BACKEND+FAULT), or a configuration among {', '.join(CONFIGURATIONS)} "
+                            f"(BACKEND+CONFIGURATION), or drop it")
     if any(split(name)[0] == "native" for name in backends) and isinstance(config.get("grpo"), dict):
         from ..training.decoder.sampling import study_problems as native_problems
 
@@ -75,7 +76,7 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
             problems.append(f"verdict.margins.{metric}: a ratio applies to the metrics summarised as logs "
                             f"({', '.join(LOG_SCALE)}); give {metric} an absolute margin or an sd margin")
     reference = _get(config, "reference", kind=str)
-    if reference is not None and split(reference)[1] is not None and config.get("faulted_reference") is not True:
+    if reference is not None and fault_of(reference) is not None and config.get("faulted_reference") is not True:
         problems.append(f"reference: {reference!r} has an injected fault: every verdict would be against a sampler known "
                         f"to be wrong; pick a backend without +FAULT, or set faulted_reference: true to mean it")
     if reference is not None and backends and reference not in backends:

@@ -4,6 +4,10 @@ Any backend runs with one fault when it is named `BACKEND+FAULT` in a study's `b
 the same loader and rollout path, with one thing changed once the trainer exists. Sampling faults change
 only what the sampler sees (TRL's GenerationConfig for transformers' paths, its VLLMGeneration's settings for
 vLLM's), never the settings the trainer scores and trains with, which is what a buggy rollout engine does.
+
+The same suffix also names a configuration (CONFIGURATIONS), `BACKEND+CONFIGURATION` (`native+liger`): the backend
+with GRPOConfig settings of its own, meant to compute the same step faster or in less memory, so that a study can
+judge it against the same backend without them. A configuration is not a fault: the report does not mark it.
 """
 
 import contextlib
@@ -27,6 +31,11 @@ FAULTS = {
     "loss_x2": "the loss doubled, and its gradient with it: a trainer-side fault",
 }
 TEMPERATURE_FACTOR = {"temperature_up": 1.1, "temperature_down": 0.9}
+# Each configuration: what it is, and the GRPOConfig settings it puts over the study's `grpo` for that backend alone
+CONFIGURATIONS = {
+    "liger": ("TRL's Liger kernels (grpo.use_liger_kernel: Liger's RMSNorm, SwiGLU and RoPE as Triton kernels, and "
+              "TRL's chunked log-probabilities; CUDA GPUs only)", {"use_liger_kernel": True}),
+}
 # The faults that change what the sampler draws from the same logits, as the settings a faulty sampler uses: the
 # rollout check computes from them what it can detect (grpo_equivalence.checks.power)
 SAMPLING = ("temperature_up", "temperature_down", "no_min_p", "no_top_k", "drop_weakest")
@@ -49,9 +58,28 @@ def split(name: str) -> tuple[str, str | None]:
     return base, fault or None
 
 
+def fault_of(name: str) -> str | None:
+    """"hf+no_min_p" -> "no_min_p"; "hf" and "native+liger" (a configuration) -> None."""
+    suffix = split(name)[1]
+    return None if suffix in CONFIGURATIONS else suffix
+
+
+def configuration_of(name: str) -> str | None:
+    """"native+liger" -> "liger"; "native" and "hf+no_min_p" (a fault) -> None."""
+    suffix = split(name)[1]
+    return suffix if suffix in CONFIGURATIONS else None
+
+
+def grpo_settings(name: str, grpo: dict) -> dict:
+    """The study's `grpo` settings as backend `name` trains with them: its configuration's put over them."""
+    configuration = configuration_of(name)
+    return {**grpo, **CONFIGURATIONS[configuration][1]} if configuration else grpo
+
+
 def check(fault: str) -> None:
     if fault not in FAULTS:
-        raise KeyError(f"unknown fault {fault!r}; choose among {', '.join(FAULTS)} (as BACKEND+FAULT)")
+        raise KeyError(f"unknown fault {fault!r}; choose among {', '.join(FAULTS)} (as BACKEND+FAULT), or a "
+                       f"configuration among {', '.join(CONFIGURATIONS)} (as BACKEND+CONFIGURATION)")
 
 
 def sampler_settings(fault: str, settings: dict) -> dict:

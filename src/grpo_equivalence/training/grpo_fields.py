@@ -33,18 +33,25 @@ NEEDS_PACKAGE = {"use_liger_kernel": ("liger_kernel", "liger-kernel", "Liger's T
                                       "for CUDA GPUs only")}
 
 
-def package_problems(config: dict) -> list[str]:
-    """One line per `grpo` setting of NEEDS_PACKAGE that cannot run here: its package missing, or a CPU study."""
-    grpo = config.get("grpo") or {}
+def package_problems(config: dict, backend: str | None = None) -> list[str]:
+    """One line per `grpo` setting of NEEDS_PACKAGE that cannot run here: its package missing, or a CPU study. With
+    `backend`, the settings that backend trains with (its configuration's over the study's, faults.CONFIGURATIONS)."""
+    from .faults import configuration_of, grpo_settings
+
+    own = config.get("grpo") or {}
+    grpo = grpo_settings(backend, own) if backend else own
     found = []
     for key, (module, requirement, what) in NEEDS_PACKAGE.items():
         if not grpo.get(key):
             continue
+        # where the setting comes from, and how to do without it
+        where, drop = ((f"backends: {backend} (configuration {configuration_of(backend)!r}: grpo.{key})",
+                        f"drop {backend}") if key not in own or own[key] != grpo[key] else (f"grpo.{key}", "remove it"))
         if config.get("gpus_per_train_job") == 0:
-            found.append(f"grpo.{key}: {what}, and this study trains on the CPU (gpus_per_train_job: 0); remove it")
+            found.append(f"{where}: {what}, and this study trains on the CPU (gpus_per_train_job: 0); {drop}")
         elif importlib.util.find_spec(module) is None:
-            found.append(f"grpo.{key} needs {requirement} ({what}) where the train jobs run: pip install "
-                         f"{requirement}, or remove it")
+            found.append(f"{where} needs {requirement} ({what}) where the train jobs run: pip install "
+                         f"{requirement}, or {drop}")
     return found
 
 

@@ -46,8 +46,9 @@ def check_runnable(config: dict, backend_names) -> None:
     from .grpo_fields import package_problems
 
     device = device_for(config["gpus_per_train_job"])
-    problems = trackers.problems(config) + package_problems(config)
+    problems = trackers.problems(config)
     for name in backend_names:
+        problems += [p for p in package_problems(config, name) if p not in problems]
         try:
             backends.get(name).check_runnable(device)
         except backends.BackendUnavailable as error:
@@ -63,8 +64,9 @@ def check_packages(backend_name: str, config: dict | None = None) -> None:
     from . import trackers
     from .grpo_fields import grpo_field_problems, package_problems
 
-    problems = (grpo_field_problems((config or {}).get("grpo") or {}) + trackers.problems(config or {})
-                + package_problems(config or {}))
+    config = config or {}
+    problems = (grpo_field_problems(faults.grpo_settings(backend_name, config.get("grpo") or {}))
+                + trackers.problems(config) + package_problems(config, backend_name))
     if problems:
         raise SystemExit("error: " + "; ".join(problems))
 
@@ -94,7 +96,7 @@ def use_chat_template(tokenizer, template: str | None) -> None:
 class Session:
     """A GRPOTrainer built for one backend as a train job builds it, with what the run records of its making."""
     trainer: object
-    backend: str  # the name it was built for (BACKEND or BACKEND+FAULT)
+    backend: str  # the name it was built for (BACKEND, BACKEND+FAULT or BACKEND+CONFIGURATION)
     warned: WarningLog
     rollout_settings: list  # GRPOConfig keys and generation.<key> settings that select the backend's rollout
     startup_began: float
@@ -112,7 +114,7 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
     device = device_for(config["gpus_per_train_job"])
     backend.check_runnable(device)  # before anything is loaded: a missing package costs seconds, not a model load
     startup_began = startup_began or time.perf_counter()
-    grpo = {**config["grpo"], **({} if seed is None else {"seed": seed})}
+    grpo = {**faults.grpo_settings(backend_name, config["grpo"]), **({} if seed is None else {"seed": seed})}
     # Every warning of loading and training is kept with the run: a setting a backend ignores shows here.
     with WarningLog() as warned, contextlib.ExitStack() as loading:
         backend.before_trl_import()

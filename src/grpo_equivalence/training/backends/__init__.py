@@ -7,7 +7,8 @@ editing this project, through the entry point group `grpo_equivalence.backends` 
 the object a Backend; README, "Backends from outside").
 
 `BACKEND+FAULT` (`hf+no_min_p`) is that backend with one fault injected (grpo_equivalence.training.faults): what the
-verdicts must catch.
+verdicts must catch; `BACKEND+CONFIGURATION` (`native+liger`) the same backend with a configuration's GRPOConfig
+settings (faults.CONFIGURATIONS), which the session puts over the study's.
 """
 
 import functools
@@ -62,7 +63,7 @@ def get(name: str) -> Backend:
     if base not in names():
         raise KeyError(f"unknown backend {base!r}; choose among {', '.join(names())}")
     backend = _load_plugin(base) if base in _plugins() else importlib.import_module(f"{__name__}.{base}").BACKEND
-    if fault is None:
+    if fault is None or fault in faults.CONFIGURATIONS:  # a configuration is the backend with other grpo settings
         return backend
     faults.check(fault)
     return WithFault(backend, fault)
@@ -74,8 +75,8 @@ def trainer_check_backend(name: str, dtype: str) -> str:
     backend = get(name)
     if dtype not in getattr(backend, "engine_refuses", ()):
         return name
-    fault = faults.split(name)[1]
-    return backend.without_engine + (f"{faults.SEPARATOR}{fault}" if fault else "")
+    suffix = faults.split(name)[1]
+    return backend.without_engine + (f"{faults.SEPARATOR}{suffix}" if suffix else "")
 
 
 def stack(name: str) -> str | None:
