@@ -9,10 +9,15 @@ two layers' count less one's.
 The count does not depend on the device, except for the attention kernel (the CPU's SDPA saves what FlashAttention
 saves: queries, keys, values, output and the log-sum-exp).
 
-Variants: `default` (PEFT's adapters in float32 beside a bfloat16 model, its default: every adapter casts its input
-to float32 and keeps that copy), `bf16_adapters` (autocast_adapter_dtype=False: adapters in the model's dtype),
-`checkpointing` (gradient checkpointing: only each layer's input is kept; one layer's activations are recomputed
-at a time in the backward pass).
+Variants, each in bfloat16 autocast as the trainer runs on a GPU (TRL's bf16 is accelerate's mixed precision, which
+wraps the model's forward in torch.autocast) unless named `eager`: `default` (PEFT's adapters in float32 beside a
+bfloat16 model, its default: every adapter casts its input to float32, which autocast casts back to a bfloat16
+copy of its own for the matmul and keeps), `eager` (the same without autocast, as on the CPU: the float32 copies
+are kept), `shared_inputs` (PEFT's input cast turned off, `cast_input_dtype_enabled`: autocast's matmul reads the
+bfloat16 input itself, which the adapters of one input then share; bit for bit the same step, tests/test_backends.py),
+`bf16_adapters` (autocast_adapter_dtype=False: adapters in the model's dtype), `checkpointing` (gradient
+checkpointing: only each layer's input is kept; one layer's activations are recomputed at a time in the backward
+pass).
 
     python benchmarks/activation_memory.py [--architecture studies/architectures/qwen3-4b.json] [--tokens 640]
         [--batch 4] [--out FILE]
@@ -30,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-VARIANTS = ("default", "bf16_adapters", "checkpointing")
+VARIANTS = ("eager", "default", "shared_inputs", "bf16_adapters", "checkpointing")
 VOCABULARY = 1024  # the LM head is TRL's fused one, apart from these: a small vocabulary keeps the model small
 
 
@@ -48,6 +53,10 @@ def saved_per_token(architecture: dict, lora: dict, *, tokens: int, dtype: str, 
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     model = get_peft_model(model, lora_config(lora), autocast_adapter_dtype=variant != "bf16_adapters")
     decoder = model.base_model.model.model
+    if variant == "shared_inputs":
+        from grpo_equivalence.training.backends.base import share_adapter_inputs
+
+        share_adapter_inputs(model)
     if variant == "checkpointing":
         model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.base_model.model.enable_input_require_grads()
@@ -63,7 +72,8 @@ def saved_per_token(architecture: dict, lora: dict, *, tokens: int, dtype: str, 
         return tensor
 
     ids = torch.randint(0, VOCABULARY, (1, tokens))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    autocast = torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=variant != "eager" and dtype != "float32")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), autocast:
         decoder(input_ids=ids)
     return {kind: size / tokens for kind, size in by_kind.items()}
 

@@ -6,9 +6,9 @@
 #   speed4, speed64: vllm and native trained 6 steps on that shape, each alone on the GPU, at batch 4 and 64
 #              (the decode step against vllm's, start-up, memory: results.json of each); SPEED_BACKENDS="native"
 #              leaves vllm out (a machine without vLLM);
-#   liger4, liger64: native alone at batch 4 and 64 with TRL's Liger kernels (grpo.use_liger_kernel: RMSNorm, SwiGLU
-#              and RoPE as Triton kernels; the LM head is TRL's own fused one either way);
-#   gc4, ligergc4: native alone at batch 4 with gradient checkpointing, without and with the Liger kernels (memory).
+#   BACKEND@BATCH, BACKEND@BATCHgc: one backend of the study alone at that batch (native+lean@64, hf_static+liger@4: a
+#              backend with a configuration, grpo_equivalence.training.faults.CONFIGURATIONS), with gc gradient
+#              checkpointing (native@4gc).
 # The parts share the study's random 4B model (results/random/model, built once). Set GRPO_EQUIVALENCE_COMMIT where
 # the checkout has no history of its own (a copy of it), so that the runs name their commit.
 # PARTS picks the parts and their order (default "rollout4b speed4 speed64"): with little GPU time left, the first.
@@ -25,15 +25,13 @@ for part in ${PARTS:-rollout4b speed4 speed64}; do
     speed4|speed64)
       BATCH=${part#speed} BACKENDS="${SPEED_BACKENDS:-vllm native}" STATS_ONLY=1 \
         bash benchmarks/gpu_speed_study.sh "$out/$part" 1 > "$out/$part.log" 2>&1 ;;
-    liger4|liger64|gc4|ligergc4)
-      case $part in
-        liger*) grpo="use_liger_kernel: true" ;;
-        gc4) grpo="gradient_checkpointing: true" ;;
-      esac
-      [ "$part" = ligergc4 ] && grpo="$grpo, gradient_checkpointing: true"
-      BATCH=${part##*[a-z]} BACKENDS=native GRPO="{$grpo}" STATS_ONLY=1 \
-        bash benchmarks/gpu_speed_study.sh "$out/$part" 1 > "$out/$part.log" 2>&1 ;;
-    *) echo "unknown part $part: PARTS takes rollout4b, speed4, speed64, liger4, liger64, gc4 and ligergc4" >&2; exit 2 ;;
+    *@[0-9]*)
+      batch=${part#*@} grpo="{}"
+      [ "${batch%gc}" != "$batch" ] && grpo="{gradient_checkpointing: true}"
+      dir=${part//[+@]/-}  # plain file names (native-lean-4)
+      BATCH=${batch%gc} BACKENDS=${part%@*} GRPO="$grpo" STATS_ONLY=1 \
+        bash benchmarks/gpu_speed_study.sh "$out/$dir" 1 > "$out/$dir.log" 2>&1 ;;
+    *) echo "unknown part $part: PARTS takes rollout4b, speed4, speed64 and BACKEND@BATCH[gc]" >&2; exit 2 ;;
   esac
   step "$part" $?
 done

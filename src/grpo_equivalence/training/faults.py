@@ -31,10 +31,18 @@ FAULTS = {
     "loss_x2": "the loss doubled, and its gradient with it: a trainer-side fault",
 }
 TEMPERATURE_FACTOR = {"temperature_up": 1.1, "temperature_down": 0.9}
-# Each configuration: what it is, and the GRPOConfig settings it puts over the study's `grpo` for that backend alone
+# Each configuration: what it is, the GRPOConfig settings it puts over the study's `grpo` for that backend alone, and
+# whether its adapters read the model's own bfloat16 input (backends.base.share_adapter_inputs). They apply to the
+# TRL + PEFT stack's backends: Unsloth brings kernels and adapters of its own.
 CONFIGURATIONS = {
-    "liger": ("TRL's Liger kernels (grpo.use_liger_kernel: Liger's RMSNorm, SwiGLU and RoPE as Triton kernels, and "
-              "TRL's chunked log-probabilities; CUDA GPUs only)", {"use_liger_kernel": True}),
+    "liger": {"what": "TRL's Liger kernels (grpo.use_liger_kernel: Liger's RMSNorm, SwiGLU and RoPE as Triton "
+                      "kernels, and TRL's chunked log-probabilities; CUDA GPUs only)",
+              "grpo": {"use_liger_kernel": True}, "shared_inputs": False},
+    "shared_inputs": {"what": "PEFT's adapters reading the model's bfloat16 input under autocast instead of a float32 "
+                              "copy each (the same numbers; one saved input for the adapters of one input)",
+                      "grpo": {}, "shared_inputs": True},
+    "lean": {"what": "both: TRL's Liger kernels, and PEFT's adapters reading the model's bfloat16 input under autocast",
+             "grpo": {"use_liger_kernel": True}, "shared_inputs": True},
 }
 # The faults that change what the sampler draws from the same logits, as the settings a faulty sampler uses: the
 # rollout check computes from them what it can detect (grpo_equivalence.checks.power)
@@ -73,7 +81,7 @@ def configuration_of(name: str) -> str | None:
 def grpo_settings(name: str, grpo: dict) -> dict:
     """The study's `grpo` settings as backend `name` trains with them: its configuration's put over them."""
     configuration = configuration_of(name)
-    return {**grpo, **CONFIGURATIONS[configuration][1]} if configuration else grpo
+    return {**grpo, **CONFIGURATIONS[configuration]["grpo"]} if configuration else grpo
 
 
 def check(fault: str) -> None:

@@ -159,6 +159,12 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
                 callbacks=list(callbacks),
             )
             prepared = backend.prepare_trainer(trainer, spec)
+            configuration = faults.CONFIGURATIONS.get(faults.configuration_of(backend_name), {})
+            if configuration.get("shared_inputs"):
+                from .backends.base import share_adapter_inputs
+
+                shared = share_adapter_inputs(trainer.model)
+                log(f"[{backend_name} x {max_steps}] {shared} LoRA layers hand their adapters the model's input as it is")
             loading.close()  # loaded: the GPU may see others start again
             seed_samplers(grpo["seed"])
             yield Session(trainer=trainer, backend=backend_name, warned=warned,

@@ -104,7 +104,8 @@ def run(config: dict, backend_name: str, max_steps: int, *, model_path: str, dat
                 + ", ".join(f"{n} {k}" for k, n in compiled["fx_graph_cache"].items()) + "; AOT autograd cache "
                 + ", ".join(f"{n} {k}" for k, n in compiled["autograd_cache"].items()))
         config_read = {**effective_config(trainer), "rollout_settings": built.rollout_settings,
-                       "sampler_seed": config["grpo"]["seed"], "fault": faults.fault_of(backend_name)}
+                       "sampler_seed": config["grpo"]["seed"], "fault": faults.fault_of(backend_name),
+                       "configuration": faults.configuration_of(backend_name)}
         model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         if adapter is not None:  # the trained LoRA adapter and the tokenizer it was trained with (save_adapters)
             trainer.model.save_pretrained(adapter)

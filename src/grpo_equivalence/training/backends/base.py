@@ -121,6 +121,35 @@ def load_with_transformers(spec: LoadSpec) -> Loaded:
     return Loaded(model=model, tokenizer=tokenizer, peft_config=lora_config(spec.lora))
 
 
+def share_adapter_inputs(model) -> int:
+    """Every LoRA layer of `model` hands its input to its adapters as it is, where autocast would cast it to that dtype
+    anyway, instead of PEFT's float32 copy per adapter (which autocast casts back, keeping a copy per adapter for the
+    backward pass): bfloat16 -> float32 -> bfloat16 is exact, so the step's numbers are the same, and the adapters
+    of one input (q, k and v; gate and up) keep one saved input between them. Without autocast (the CPU's trainer)
+    PEFT casts as before. Needs lora_dropout 0 (dropout in float32 then rounded is not dropout in bfloat16). Returns
+    the layers changed."""
+    import types
+
+    import torch
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    def cast(self, x, dtype):
+        if x is not None and torch.is_autocast_enabled(x.device.type) \
+                and x.dtype == torch.get_autocast_dtype(x.device.type):
+            return x
+        return type(self)._cast_input_dtype(self, x, dtype)
+
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer) and hasattr(module, "lora_A"):
+            if any(not isinstance(d, torch.nn.Identity) for d in getattr(module, "lora_dropout", {}).values()):
+                raise ValueError("shared adapter inputs need lora.lora_dropout: 0.0 (dropout in float32 and rounded "
+                                 "is not dropout in bfloat16); set it, or use a configuration without shared inputs")
+            module._cast_input_dtype = types.MethodType(cast, module)
+            changed += 1
+    return changed
+
+
 class WithFault:
     """A backend with one fault injected once its trainer exists (grpo_equivalence.training.faults); otherwise the same."""
 
