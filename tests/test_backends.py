@@ -13,6 +13,7 @@ import pytest
 from grpo_equivalence.training import backends
 from grpo_equivalence.training.backends import BackendUnavailable, LoadSpec
 from grpo_equivalence.training.backends.base import lora_config
+from helpers import ALL_SEVEN, assert_shared_inputs_exact, shared_inputs_step, small_qwen3_config
 
 LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 
@@ -508,47 +509,19 @@ def test_a_configuration_is_its_backend_with_its_grpo_settings_and_no_fault(tiny
 def test_shared_adapter_inputs_compute_the_same_step_and_keep_less_for_the_backward_pass():
     """Under bfloat16 autocast, as the trainer runs on a GPU, the adapters that read the model's input as it is give
     the same logits and gradients bit for bit as PEFT's float32 copies, and autograd keeps fewer bytes; without
-    autocast (the CPU's trainer) PEFT casts as before. A stateless stand-in for the GPU: CPU autocast, same rules."""
+    autocast (the CPU's trainer) PEFT casts as before. CPU autocast casts by the GPU's rules (test_cuda.py: on CUDA)."""
     import torch
     from peft import get_peft_model
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     from grpo_equivalence.training.backends.base import share_adapter_inputs
 
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    lora = {**LORA, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
-    ids = torch.randint(0, 128, (2, 12))
-
-    def step(share: bool, autocast: bool = True):
-        torch.manual_seed(1)
-        model = get_peft_model(Qwen3ForCausalLM(config).to(torch.bfloat16), lora_config(lora))
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:  # PEFT starts B at zero: the adapters' gradients must flow through A too
-                torch.nn.init.normal_(parameter, std=0.02)
-        if share:
-            assert share_adapter_inputs(model) == 14
-        kept = {}
-
-        def pack(tensor):
-            kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = model(input_ids=ids).logits
-        logits.float().logsumexp(-1).mean().backward()
-        return logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}, sum(kept.values())
-
-    (own, own_grads, own_bytes), (shared, shared_grads, shared_bytes) = step(False), step(True)
-    assert torch.equal(own, shared) and len(own_grads) == 28
-    assert all(torch.equal(own_grads[n], shared_grads[n]) for n in own_grads)
-    assert shared_bytes < own_bytes
-    eager, _, _ = step(True, autocast=False)  # casts as PEFT does: float32 adapters on a bfloat16 input would fail
+    assert_shared_inputs_exact("cpu")
+    eager, _, _ = shared_inputs_step("cpu", True, autocast=False)  # PEFT casts: float32 adapters on bfloat16 input
     assert eager.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="lora_dropout: 0.0"):
-        share_adapter_inputs(get_peft_model(Qwen3ForCausalLM(config), lora_config({**lora, "lora_dropout": 0.1})))
+        share_adapter_inputs(get_peft_model(Qwen3ForCausalLM(small_qwen3_config()),
+                                            lora_config({**ALL_SEVEN, "lora_dropout": 0.1})))
 
 
 def test_a_configurations_settings_reach_the_trainer_over_the_studys(tiny_config, primed, monkeypatch):

@@ -30,6 +30,13 @@ def test_memory_probe_resets_at_step_start_and_sees_the_steps_peak():
     del small
 
 
+def test_shared_adapter_inputs_compute_the_same_step_on_cuda():
+    """The configurations shared_inputs and lean: on CUDA's autocast too, bit for bit the same step."""
+    from helpers import assert_shared_inputs_exact
+
+    assert_shared_inputs_exact("cuda")
+
+
 @pytest.fixture(scope="module")
 def primed_bf16(primed, tmp_path_factory):
     """The primed tiny model saved in bfloat16, as the workflow's prime job saves it for a bfloat16 study (an
