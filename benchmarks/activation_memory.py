@@ -17,7 +17,11 @@ are kept), `shared_inputs` (PEFT's input cast turned off, `cast_input_dtype_enab
 bfloat16 input itself, which the adapters of one input then share; bit for bit the same step, tests/test_backends.py),
 `bf16_adapters` (autocast_adapter_dtype=False: adapters in the model's dtype), `checkpointing` (gradient
 checkpointing: only each layer's input is kept; one layer's activations are recomputed at a time in the backward
-pass).
+pass), and where liger-kernel and Triton are installed, `liger` and `lean` (the configurations: Liger's RMSNorm,
+SwiGLU and RoPE as TRL applies them, lean with shared inputs too). Liger's kernels are Triton GPU kernels: here
+their launches are skipped, so that their autograd functions allocate and keep what they keep without computing it
+(the count is of what is kept; the values are not used). They patch transformers' Qwen3 classes for the process,
+so they run last.
 
     python benchmarks/activation_memory.py [--architecture studies/architectures/qwen3-4b.json] [--tokens 640]
         [--batch 4] [--out FILE]
@@ -36,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 VARIANTS = ("eager", "default", "shared_inputs", "bf16_adapters", "checkpointing")
+LIGER_VARIANTS = ("liger", "lean")  # last: Liger patches transformers' Qwen3 classes for the process
 VOCABULARY = 1024  # the LM head is TRL's fused one, apart from these: a small vocabulary keeps the model small
 
 
@@ -51,9 +56,17 @@ def saved_per_token(architecture: dict, lora: dict, *, tokens: int, dtype: str, 
     config = model_config(architecture, num_hidden_layers=layers, vocab_size=VOCABULARY)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    if variant in LIGER_VARIANTS:
+        import triton.runtime.jit
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+
+        # the kernels' launches skipped (a CPU has no CUDA for them): what their functions keep is allocated all the same
+        triton.runtime.jit.JITFunction.__getitem__ = lambda kernel, grid: (lambda *args, **kwargs: None)
+        apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=False,
+                                    model=model)
     model = get_peft_model(model, lora_config(lora), autocast_adapter_dtype=variant != "bf16_adapters")
     decoder = model.base_model.model.model
-    if variant == "shared_inputs":
+    if variant in ("shared_inputs", "lean"):
         from grpo_equivalence.training.backends.base import share_adapter_inputs
 
         share_adapter_inputs(model)
@@ -99,7 +112,12 @@ def main(argv=None) -> None:
           f"{study['lora']['r']} on {', '.join(study['lora']['target_modules'])}, {study['dtype']}")
     print("| Variant | KB per token and layer | of which float32 | KB per token, once | Activations of a micro-batch (GB) |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for variant in VARIANTS:
+    import importlib.util
+
+    liger = all(importlib.util.find_spec(m) for m in ("liger_kernel", "triton"))
+    if not liger:
+        print(f"(liger-kernel or triton not installed: {', '.join(LIGER_VARIANTS)} left out)")
+    for variant in VARIANTS + (LIGER_VARIANTS if liger else ()):
         # two layers less one: a layer's own, apart from what the model saves once (rotary tables, the final norm)
         one, two = (saved_per_token(architecture, study["lora"], tokens=args.tokens, dtype=study["dtype"],
                                     variant=variant, layers=n) for n in (1, 2))
