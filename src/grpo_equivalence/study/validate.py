@@ -46,12 +46,15 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
     from ..training.backends import stack
     from ..training.backends.base import TRL_PEFT
 
+    lora = config.get("lora") if isinstance(config.get("lora"), dict) else {}
     for name in backends:
-        if split(name)[1] in CONFIGURATIONS and split(name)[0] in backend_names and stack(split(name)[0]) != TRL_PEFT:
+        base, suffix = split(name)
+        if suffix not in CONFIGURATIONS:
+            continue
+        if base in backend_names and stack(base) != TRL_PEFT:
             problems.append(f"backends: {name!r}: a configuration applies to the TRL + PEFT backends, not to "
-                            f"{split(name)[0]!r} (its stack brings kernels and adapters of its own); drop it")
-        lora = config.get("lora") if isinstance(config.get("lora"), dict) else {}
-        if CONFIGURATIONS.get(split(name)[1], {}).get("shared_inputs") and lora.get("lora_dropout", 0) != 0:
+                            f"{base!r} (its stack brings kernels and adapters of its own); drop it")
+        if CONFIGURATIONS[suffix]["shared_inputs"] and lora.get("lora_dropout", 0) != 0:
             problems.append(f"backends: {name!r} shares the adapters' bfloat16 input, which needs lora.lora_dropout: "
                             f"0.0 (dropout in float32 then rounded is not dropout in bfloat16); set it, or drop {name!r}")
     if any(split(name)[0] == "native" for name in backends) and isinstance(config.get("grpo"), dict):
