@@ -13,8 +13,8 @@ Variants, each in bfloat16 autocast as the trainer runs on a GPU (TRL's bf16 is 
 wraps the model's forward in torch.autocast) unless named `eager`: `default` (PEFT's adapters in float32 beside a
 bfloat16 model, its default: every adapter casts its input to float32, which autocast casts back to a bfloat16
 copy of its own for the matmul and keeps), `eager` (the same without autocast, as on the CPU: the float32 copies
-are kept), `shared_inputs` (PEFT's input cast turned off, `cast_input_dtype_enabled`: autocast's matmul reads the
-bfloat16 input itself, which the adapters of one input then share; bit for bit the same step, tests/test_backends.py),
+are kept), `shared_inputs` (backends.base.share_adapter_inputs: PEFT's input cast skipped under autocast, whose matmul
+then reads the bfloat16 input itself, which the adapters of one input share; bit for bit the same step, tests/test_backends.py),
 `bf16_adapters` (autocast_adapter_dtype=False: adapters in the model's dtype), `checkpointing` (gradient
 checkpointing: only each layer's input is kept; one layer's activations are recomputed at a time in the backward
 pass), and where liger-kernel and Triton are installed, `liger` and `lean` (the configurations: Liger's RMSNorm,

@@ -59,9 +59,9 @@ def check_on(built, config: dict, backend_name: str, *, out: Path, seed: int, lo
     began = time.perf_counter() if began is None else began
     base, fault = faults.split(backend_name)
     # a configuration's settings are the session's own, so only a session built with them can check it
-    if built.backend not in (backend_name, base) or (built.backend != backend_name and faults.configuration_of(backend_name)):
-        raise ValueError(f"a session built for {built.backend} cannot check {backend_name}: build it for "
-                         f"{backend_name if faults.configuration_of(backend_name) else base}")
+    shared = backend_name if faults.configuration_of(backend_name) else base
+    if built.backend not in (backend_name, shared):
+        raise ValueError(f"a session built for {built.backend} cannot check {backend_name}: build it for {shared}")
     # its loading's warnings and its own, not those an earlier check of a shared session raised
     earlier = set(built.warned.counts) - built.loading_warnings
     with faults.sampling_fault(built.trainer, fault if built.backend == base else None) as changed:

@@ -79,7 +79,8 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
         backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)), rollout=rollout,
         trainer=trainer,
         faulted={b: faults.FAULTS[faults.split(b)[1]] for b in named if faults.split(b)[1] in faults.FAULTS},
-        configured={b: faults.CONFIGURATIONS[c]["what"] for b in named if (c := faults.configuration_of(b))})
+        configured={b: (faults.split(b)[0], faults.CONFIGURATIONS[c]["what"]) for b in named
+                    if (c := faults.configuration_of(b))})
 
 
 def figures_in(folder: Path, relative_to: Path) -> dict:

@@ -44,9 +44,12 @@ def package_problems(config: dict, backend: str | None = None) -> list[str]:
     for key, (module, requirement, what) in NEEDS_PACKAGE.items():
         if not grpo.get(key):
             continue
-        # where the setting comes from, and how to do without it
-        where, drop = ((f"backends: {backend} (configuration {configuration_of(backend)!r}: grpo.{key})",
-                        f"drop {backend}") if key not in own or own[key] != grpo[key] else (f"grpo.{key}", "remove it"))
+        # where the setting comes from, and how to do without it: the study's grpo, or the backend's configuration
+        if own.get(key) == grpo[key]:
+            where, drop = f"grpo.{key}", "remove it"
+        else:
+            where = f"backends: {backend} (configuration {configuration_of(backend)!r}: grpo.{key})"
+            drop = f"drop {backend}"
         if config.get("gpus_per_train_job") == 0:
             found.append(f"{where}: {what}, and this study trains on the CPU (gpus_per_train_job: 0); {drop}")
         elif importlib.util.find_spec(module) is None:
