@@ -526,15 +526,24 @@ def test_shared_adapter_inputs_compute_the_same_step_and_keep_less_for_the_backw
 
 def test_a_configurations_settings_reach_the_trainer_over_the_studys(tiny_config, primed, monkeypatch):
     """The session builds BACKEND+CONFIGURATION's trainer with the configuration's settings, the study's for the rest
-    (a configuration of the CPU's stands in for Liger's kernels, which need a CUDA GPU)."""
+    (a configuration of the CPU's stands in for Liger's kernels, which need a CUDA GPU). Liger's kernels are on the
+    model before the session is handed out, as train() puts them at its start: the checks never call train(). A
+    stand-in records the call that applies them (test_cuda.py applies the real ones)."""
+    import transformers.integrations.liger as liger
+
     from grpo_equivalence.training import faults
     from grpo_equivalence.training.session import session
 
-    monkeypatch.setitem(faults.CONFIGURATIONS, "half_beta", {"what": "half the KL weight", "grpo": {"beta": 0.0005},
+    applied = []
+    monkeypatch.setattr(liger, "apply_liger_kernel", lambda model, config: applied.append((model, config)))
+    monkeypatch.setitem(faults.CONFIGURATIONS, "half_beta", {"what": "half the KL weight",
+                                                             "grpo": {"beta": 0.0005, "use_liger_kernel": True},
                                                              "shared_inputs": True})
     common = {"model_path": primed["model"], "dataset": primed["dataset"], "log": lambda message: None}
     with session(tiny_config, "hf+half_beta", 1, **common) as built:
         assert built.trainer.args.beta == 0.0005 and built.backend == "hf+half_beta"
+        assert [model for model, _ in applied] == [built.trainer.model]
+        assert applied[0][1] == built.trainer.args.liger_kernel_config
         layers = [m for m in built.trainer.model.modules() if hasattr(m, "lora_A")]
         assert layers and all("_cast_input_dtype" in vars(m) for m in layers)  # shared inputs, on the CPU a no-op
         assert built.trainer.args.learning_rate == tiny_config["grpo"]["learning_rate"]

@@ -37,6 +37,21 @@ def test_shared_adapter_inputs_compute_the_same_step_on_cuda():
     assert_shared_inputs_exact("cuda")
 
 
+def test_the_checks_session_of_a_liger_configuration_computes_with_liger_kernels(primed_bf16, tiny_study):
+    """transformers applies Liger's kernels in Trainer.train(), which the rollout and trainer checks never call: the
+    session applies them itself, so that `native+liger`'s checks compute with the kernels its training uses (before,
+    its trainer check compared `native` with itself)."""
+    pytest.importorskip("liger_kernel")
+    from grpo_equivalence.training.session import session
+
+    config = copy.deepcopy(tiny_study)
+    config.update(gpus_per_train_job=1, dtype="bfloat16")
+    with session(config, "native+liger", 1, model_path=primed_bf16["model"], dataset=primed_bf16["dataset"],
+                 log=lambda message: None) as built:
+        norms = [m for name, m in built.trainer.model.named_modules() if name.endswith("input_layernorm")]
+        assert norms and all(m._get_name() == "LigerRMSNorm" for m in norms)
+
+
 @pytest.fixture(scope="module")
 def primed_bf16(primed, tmp_path_factory):
     """The primed tiny model saved in bfloat16, as the workflow's prime job saves it for a bfloat16 study (an

@@ -80,6 +80,15 @@ def seed_samplers(seed: int) -> None:
     set_seed(seed, device_specific=True)  # as TRL seeds before generating
 
 
+def apply_liger_kernels(trainer) -> None:
+    """Liger's kernels on the trainer's model now, as transformers' Trainer.train() applies them at its start (the
+    same call): the rollout and trainer checks never call train(), and must sample and compute with the kernels that
+    training uses. The call patches modules in place, so train()'s own second call changes nothing."""
+    from transformers.integrations.liger import apply_liger_kernel
+
+    apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)
+
+
 def use_chat_template(tokenizer, template: str | None) -> None:
     """The study's chat_template on the tokenizer: the model's own (None), the original study's ("study"), a
     Jinja template, or a file holding one."""
@@ -159,6 +168,8 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
                 callbacks=list(callbacks),
             )
             prepared = backend.prepare_trainer(trainer, spec)
+            if trainer.args.use_liger_kernel:
+                apply_liger_kernels(trainer)
             configuration = faults.CONFIGURATIONS.get(faults.configuration_of(backend_name), {})
             if configuration.get("shared_inputs"):
                 from .backends.base import share_adapter_inputs
