@@ -65,6 +65,9 @@ def test_package_versions_name_the_backends_own_packages():
     versions = runkey.package_versions("hf")
     assert set(runkey.TRAINING_PACKAGES) <= set(versions) and versions["trl"]
     assert "unsloth_zoo" in runkey.package_versions("vllm") and "vllm" in runkey.package_versions("vllm")
+    # a configuration's kernels, or the study's own setting, are part of what trains the run (absent here: None)
+    assert "liger-kernel" in runkey.package_versions("native+liger") and "liger-kernel" not in versions
+    assert "liger-kernel" in runkey.package_versions("hf", {"use_liger_kernel": True})
 
 
 def test_a_hub_id_keys_on_its_revision_and_an_unknown_one_turns_the_cache_off(tmp_path, monkeypatch, tiny_config):

@@ -8,7 +8,7 @@ from importlib import metadata
 from .paths import PROJECT
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "unsloth", "unsloth_zoo", "vllm",
-            "snakemake")
+            "liger-kernel", "snakemake")
 
 
 def package_versions() -> dict[str, str | None]:

@@ -63,14 +63,19 @@ def key(settings: dict, code: str, inputs=(), identity: dict | None = None, cach
     return digest.hexdigest()[:32]
 
 
-def package_versions(backend_name: str) -> dict[str, str | None]:
-    """Versions of the packages that train this backend (a newer TRL or torch can change the numbers)."""
+def package_versions(backend_name: str, grpo: dict | None = None) -> dict[str, str | None]:
+    """Versions of the packages that train this backend (a newer TRL or torch can change the numbers), with those
+    that the settings it trains with need (`grpo`, the study's: a configuration's kernels, grpo_fields.NEEDS_PACKAGE)."""
     from ..training import backends
+    from ..training.faults import grpo_settings
+    from ..training.grpo_fields import NEEDS_PACKAGE
 
     names = list(TRAINING_PACKAGES)
     for _, requirement in backends.get(backend_name).packages:
         name = requirement.split(";")[0].split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip()
         names += [name] + (["unsloth_zoo"] if name == "unsloth" else [])
+    settings = grpo_settings(backend_name, grpo or {})
+    names += [requirement for key, (_, requirement, _) in NEEDS_PACKAGE.items() if settings.get(key)]
     versions = {}
     for name in dict.fromkeys(names):
         try:
@@ -133,6 +138,6 @@ def run_identity(config: dict, backend: str, model_path: str, dataset: dict) -> 
         if revisions[f"{repo_type}:{repo_id}"] is None:
             return None, (f"the revision of the hub {repo_type} {repo_id} is not known (no network, and not in the hub "
                           f"cache)")
-    return {"packages": package_versions(backend), "devices": device_names(config["gpus_per_train_job"]),
+    return {"packages": package_versions(backend, config.get("grpo")), "devices": device_names(config["gpus_per_train_job"]),
             "revisions": revisions}, ""
 
