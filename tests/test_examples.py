@@ -106,6 +106,27 @@ def test_the_native_backends_performance_figures_come_from_their_runs(name, back
         assert figures["native"]["peak_device_gb"] <= 25
 
 
+@pytest.mark.parametrize("batch", [4, 64])
+def test_the_configurations_performance_figures_come_from_their_runs(batch):
+    """docs/performance/configurations-h100: each batch's results.json is what its runs give, its table is in the
+    README, and the README's figures for lean are those of the runs."""
+    folder = ROOT / "docs" / "performance" / "configurations-h100" / f"batch{batch}"
+    committed = _performance_results(folder, folder.parent.parent / "README.md")
+    figures = committed["backends"]["qwen3-4b"]
+    assert committed["commit"] == ["d75f459"]
+    assert {"native", "native+lean"} <= set(figures)
+    native, lean = figures["native"], figures["native+lean"]
+    readme = " ".join((folder.parent.parent / "README.md").read_text().split())
+    if batch == 64:
+        assert f"({lean['median_training_s']:.2f} s against {native['median_training_s']:.2f} s a step)" in readme
+        assert 1 - lean["median_training_s"] / native["median_training_s"] >= 0.195
+        assert f"({lean['median_step_s']:.2f} s against {native['median_step_s']:.2f} s)" in readme
+    else:
+        assert lean["median_step_s"] <= native["median_step_s"]  # nothing slower at batch 4
+        assert f"{lean['peak_device_gb']:.1f} GB on the device at batch 4" in readme
+        assert figures["hf_static+lean"]["peak_device_gb"] <= 25 < lean["peak_device_gb"]
+
+
 def test_rollout_checks_scored_before_the_rounding_band_are_kept_as_records_and_refused_as_evidence():
     """The committed rollout checks (the 4B native against hf, the H200 example) were scored by schema 1: every
     position counted, a raw-logit tolerance. Their files stay as what was measured; the check refuses to judge
@@ -263,6 +284,46 @@ def test_a_packed_h200_example_holds_its_paired_seeds_and_its_figures_come_from_
     decided = recomputed["decided"]
     n = decided["equivalent"] + decided["divergent"]
     assert f"{n} {'is' if n == 1 else 'are'} decided ({decided['share']:.0%})" in readme
+
+
+def test_the_lean_configurations_example_is_its_runs_own(tmp_path):
+    """docs/examples/h100-lean-equivalence: native+lean against native on seeds no other example ran, packing.json
+    recomputed from the committed files, the report's verdicts those the README states, and its trainer check the
+    one the README explains: every quantity identical, as the check then ran without Liger's kernels."""
+    import json
+
+    from helpers import tables_headed
+
+    from grpo_equivalence import cli
+
+    example = ROOT / "docs" / "examples" / "h100-lean-equivalence"
+    recomputed = _benchmark("packing_results").main([str(example), "--reference", "native"])
+    assert json.loads(json.dumps(recomputed)) == json.loads((example / "packing.json").read_text())
+    runs = [stats.load(p) for p in stats_files(example / "stats")]
+    assert sorted((r["backend"], r["seed"]) for r in runs) == sorted(
+        (b, s) for b in ("native", "native+lean") for s in range(5201, 5213))
+    assert {r["environment"]["git_commit"] for r in runs} == {"d75f459"}
+    for other in (ROOT / "docs" / "examples").glob("*/stats"):
+        if other.parent != example:
+            assert not set(range(5201, 5213)) & {stats.load(p)["seed"] for p in stats_files(other)}, other
+    report = (example / "grpo_equivalence.md").read_text()
+    verdicts = tables_headed(report, "Candidate", "loss")[0]
+    out = tmp_path / "report.md"
+    cli.report_main(["--stats-dir", str(example / "stats"), "--reference", "native", "--rollout", str(example / "rollout"),
+                     "--trainer", str(example / "trainer"), "-o", str(out)])
+    again = out.read_text()
+    for first in (("Candidate", "loss"), ("Candidate", "Rollout at fixed weights"), ("Backend", "Where it parts from native")):
+        assert tables_headed(report, *first) and tables_headed(again, *first) == tables_headed(report, *first), first
+    assert verdicts == [{"Candidate": "native+lean", "loss": "equivalent", "reward": "equivalent",
+                         "kl": "inconclusive", "grad_norm": "equivalent", "completion_length": "equivalent",
+                         "entropy": "equivalent"}]
+    comparison = json.loads((example / "trainer" / "native+lean_vs_native.json").read_text())
+    assert all(q["difference"] == 0 for q in comparison["quantities"].values())
+    first = {r["backend"]: r["steps"][0]["grad_norm"] for r in runs if r["seed"] == 5201}
+    readme = (example / "README.md").read_text()
+    assert first["native"] != first["native+lean"]  # training did run Liger's kernels
+    assert f"({first['native+lean']:.4f} against {first['native']:.4f})" in readme
+    assert f"{recomputed['makespan_s']} s" in " ".join(readme.split())
 
 
 def test_same_runs_finds_a_run_whose_training_numbers_changed(tmp_path):
