@@ -78,7 +78,7 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
         settings=study_settings(reference_run(primaries, reference)), warnings=warnings_by_backend(list(runs.values())),
         backends=sorted({r["backend"] for r in primaries}), stats_files=sorted(map(str, runs)), rollout=rollout,
         trainer=trainer,
-        faulted={b: faults.FAULTS[faults.split(b)[1]] for b in named if faults.split(b)[1] in faults.FAULTS},
+        faulted={b: faults.FAULTS[f] for b in named if (f := faults.fault_of(b)) in faults.FAULTS},
         configured={b: (faults.split(b)[0], faults.CONFIGURATIONS[c]["what"]) for b in named
                     if (c := faults.configuration_of(b))})
 
