@@ -14,6 +14,12 @@ how many comparisons flagged it and the spread of its floor over the seeds (one 
 trainer (hf+no_kl, hf+loss_x2), at how many seeds it was named where it acts. Writes them as JSON.
 
     python benchmarks/trainer_false_flags.py --runs 10 [--dtype float32] [--first-seed 5011] [--out FILE]
+
+On a GPU (--gpu), where candidates whose kernels differ from `hf`'s err apart from it (`hf+liger`: Liger's Triton
+kernels and TRL's Liger loss), --jobs seeds at once:
+
+    python benchmarks/trainer_false_flags.py --runs 10 --gpu --dtype bfloat16 --jobs 10 \
+        --candidates hf_static native hf+liger native+liger
 """
 
 import argparse
@@ -42,40 +48,66 @@ def ratios(numbers: int, draws: int, rng):
     return np.linalg.norm(candidate - reference, axis=1) / np.linalg.norm(reference, axis=1)
 
 
-def real_runs(seeds: int, dtype: str, first_seed: int = FIRST_SEED) -> dict:
-    """The trainer checks of the reference, its control and CANDIDATES at `seeds` seeds; per seed and candidate,
-    every stage's difference, floor and whether it was flagged."""
+def seed_checks(seed: int, dtype: str, gpu: bool, candidates: tuple) -> list[dict]:
+    """At one seed (its own batch, sampled by `hf`, and its own adapter): the trainer checks of the reference, its
+    control, `candidates` and FAULTS, and each candidate's and fault's comparison. Candidates whose configuration
+    patches transformers' modules (Liger's kernels patch them for the whole process) run last, so that no other check
+    computes with them; the caller gives each seed a process of its own where any does."""
     import torch
 
     from grpo_equivalence.checks import trainer
+    from grpo_equivalence.training import faults
 
-    benchlib.build_tiny(2)
     dataset = {"path": "json", "data_files": str(benchlib.DATA)}
+    patching = [c for c in candidates if faults.CONFIGURATIONS.get(faults.split(c)[1] or "", {})
+                .get("grpo", {}).get("use_liger_kernel")]
+    order = [("reference", "hf", dtype), ("control", "hf", OTHER[dtype]),
+             *[(c, c, dtype) for c in (*[c for c in candidates if c not in patching], *FAULTS, *patching)]]
     comparisons = []
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(first_seed, first_seed + seeds):
-            config = benchlib.study(dtype=dtype)
-            config["grpo"]["seed"] = seed
-            folder = Path(tmp) / str(seed)
-            folder.mkdir()
-            batch = trainer.sample_batch(config, "hf", model_path=str(benchlib.MODEL), dataset=dataset,
-                                         out=folder / "batch.json", log=benchlib.quiet)
-            checks = {}
-            for name, backend, precision in (("reference", "hf", dtype), ("control", "hf", OTHER[dtype]),
-                                             *[(c, c, dtype) for c in (*CANDIDATES, *FAULTS)]):
-                trainer.check({**config, "dtype": precision}, backend, model_path=str(benchlib.MODEL), dataset=dataset,
-                              batch=batch, max_steps=12, out=folder / f"{name}.json", tensors=folder / f"{name}.pt",
-                              log=benchlib.quiet)
-                checks[name] = (json.loads((folder / f"{name}.json").read_text()), torch.load(folder / f"{name}.pt"))
-            for name in (*CANDIDATES, *FAULTS):
-                result = trainer_verdict.compare(checks["reference"], checks[name], checks["control"])
-                comparisons.append({"seed": seed, "candidate": name, "first": result["first"],
-                                    "quantities": {q: {k: row[k] for k in ("difference", "floor", "differs")}
-                                                   for q, row in result["quantities"].items()}})
-                print(f"seed {seed} {name}: first {result['first']}", flush=True)
+        config = benchlib.study(dtype=dtype, gpu=gpu)
+        config["grpo"]["seed"] = seed
+        folder = Path(tmp)
+        batch = trainer.sample_batch(config, "hf", model_path=str(benchlib.MODEL), dataset=dataset,
+                                     out=folder / "batch.json", log=benchlib.quiet)
+        checks = {}
+        for name, backend, precision in order:
+            trainer.check({**config, "dtype": precision}, backend, model_path=str(benchlib.MODEL), dataset=dataset,
+                          batch=batch, max_steps=12, out=folder / f"{name}.json", tensors=folder / f"{name}.pt",
+                          log=benchlib.quiet)
+            checks[name] = (json.loads((folder / f"{name}.json").read_text()), torch.load(folder / f"{name}.pt"))
+        for name in (*candidates, *FAULTS):
+            result = trainer_verdict.compare(checks["reference"], checks[name], checks["control"])
+            comparisons.append({"seed": seed, "candidate": name, "first": result["first"],
+                                "quantities": {q: {k: row[k] for k in ("difference", "floor", "differs")}
+                                               for q, row in result["quantities"].items()}})
+            print(f"seed {seed} {name}: first {result['first']}", flush=True)
+    return comparisons
+
+
+def real_runs(seeds: int, dtype: str, first_seed: int = FIRST_SEED, gpu: bool = False,
+              candidates: tuple = CANDIDATES, jobs: int = 1) -> dict:
+    """The trainer checks of the reference, its control, `candidates` and FAULTS at `seeds` seeds (seed_checks), up
+    to `jobs` seeds at once, each in a process of its own where jobs > 1; per seed and candidate, every stage's
+    difference, floor and whether it was flagged."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
+    benchlib.build_tiny(2)
+    seed_list = range(first_seed, first_seed + seeds)
+    if jobs > 1:  # spawned (CUDA cannot fork), one seed a process: Liger's patches die with it
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
+            per_seed = list(pool.map(seed_checks, seed_list, *[[x] * seeds for x in (dtype, gpu, candidates)]))
+    else:
+        per_seed = [seed_checks(seed, dtype, gpu, candidates) for seed in seed_list]
+    device = None
+    if gpu:
+        import torch
+
+        device = torch.cuda.get_device_name(0)
     return {"dtype": dtype, "control_dtype": OTHER[dtype], "seeds": seeds, "first_seed": first_seed,
-            "candidates": list(CANDIDATES), "faults": FAULTS, "factor": trainer_verdict.FACTOR,
-            "comparisons": comparisons}
+            "device": device or "cpu", "candidates": list(candidates), "faults": FAULTS,
+            "factor": trainer_verdict.FACTOR, "comparisons": [c for seed in per_seed for c in seed]}
 
 
 def runs_table(result: dict) -> str:
@@ -124,9 +156,13 @@ def main() -> None:
     parser.add_argument("--dtype", choices=tuple(OTHER), default="float32")
     parser.add_argument("--first-seed", type=int, default=FIRST_SEED)
     parser.add_argument("--out", default="results/benchmarks/trainer-false-flags.json")
+    parser.add_argument("--gpu", action="store_true", help="the checks on the GPU, where two stacks' kernels err apart")
+    parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES),
+                        help="correct candidates against hf (hf+liger: TRL's Liger kernels and loss, on a GPU)")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds checked at once, each in a process of its own")
     args = parser.parse_args()
     if args.runs:
-        result = real_runs(args.runs, args.dtype, args.first_seed)
+        result = real_runs(args.runs, args.dtype, args.first_seed, args.gpu, tuple(args.candidates), args.jobs)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(runs_table(result))
