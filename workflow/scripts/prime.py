@@ -6,6 +6,6 @@ from grpo_equivalence.training import prime
 a = jobs.arguments()
 jobs.stop_with_workflow()
 t = a["tiny"]
-prime.prime_saved(a["model"], a["data"], a["out"], system_prompt=a["system_prompt"], dtype=a["dtype"], threads=a["threads"],
+prime.prime_saved(a["model"], a["data"], a["out"], system_prompt=a["system_prompt"], dtype=a["dtype"],
                   steps=t["prime_steps"], batch_size=t["prime_batch_size"], learning_rate=t["prime_learning_rate"],
                   seed=t["seed"])
