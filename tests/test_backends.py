@@ -504,6 +504,22 @@ def test_a_configuration_is_its_backend_with_its_grpo_settings_and_no_fault(tiny
     tiny_config.update(backends=["vllm", "vllm+lean"], reference="vllm")
     with pytest.raises(Exception, match="'vllm\\+lean': a configuration applies to the TRL \\+ PEFT backends"):
         check(tiny_config)
+    tiny_config.update(backends=["hf", "hf+unmerged"], reference="hf")  # a backend option native alone has
+    with pytest.raises(Exception, match="'hf\\+unmerged': configuration 'unmerged' sets unmerged_adapters, an option "
+                                        "of native only; drop it, or use native\\+unmerged"):
+        check(tiny_config)
+
+
+def test_the_unmerged_configuration_sets_its_backend_option_for_that_backend_alone(tiny_config, primed):
+    """`native+unmerged` is `native` with backend_options' unmerged_adapters on (over the study's), which its run
+    records among its rollout settings; `native` in the same study keeps the study's options."""
+    from grpo_equivalence.training.session import session
+
+    common = {"model_path": primed["model"], "dataset": primed["dataset"], "log": lambda message: None}
+    for name, unmerged in (("native+unmerged", True), ("native", False)):
+        with session(tiny_config, name, 1, **common) as built:
+            assert built.trainer.native_decoder.unmerged is unmerged
+            assert ("generation.native_decoder.unmerged_adapters" in built.rollout_settings) is unmerged
 
 
 def test_shared_adapter_inputs_compute_the_same_step_and_keep_less_for_the_backward_pass():

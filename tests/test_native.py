@@ -81,6 +81,64 @@ def test_merged_weights_follow_the_trainers_and_leave_them_unchanged(tiny, prime
     assert torch.allclose(native.layers[0].qkv[:q_rows], expected)
 
 
+@pytest.mark.parametrize("architecture", ["qwen3", "llama"])
+def test_unmerged_adapters_read_the_trainers_tensors_where_they_lie(tiny, primed, architecture):
+    """With unmerged_adapters the decoder holds no copy: every weight and adapter it reads is the trainer's own
+    tensor; it gives generate()'s tokens, and after an optimizer step (in place) the step reads the new adapters
+    without reading the model again."""
+    tokenizer, prompts = tiny
+    base = AutoModelForCausalLM.from_pretrained(primed["model"]) if architecture == "qwen3" else llama(tokenizer)
+    model = with_adapters(base)
+    native = decoder.Decoder(model, compiled=False, unmerged=True)
+    assert native.refresh() and not native.refresh()
+    owned = {p.data_ptr() for p in model.parameters()}
+    layer = native.layers[0]
+    held = [w for part in (*layer.qkv, layer.o, *layer.gate_up, layer.down) for w in part if torch.is_tensor(w)]
+    assert len(held) == 3 * 7 and all(w.data_ptr() in owned for w in held)  # base, A and B of each, no bias
+    q_proj = model.get_base_model().model.layers[0].self_attn.q_proj
+    assert layer.qkv[0][2] is not None and layer.qkv[0][4] == q_proj.scaling["default"]
+    generation = GenerationConfig(max_new_tokens=24, do_sample=True, top_k=1, pad_token_id=tokenizer.pad_token_id,
+                                  eos_token_id=tokenizer.eos_token_id)
+    eos, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = (ids != pad).long()
+    for round_ in range(2):
+        theirs = model.generate(input_ids=ids, attention_mask=mask, generation_config=generation)[:, width:].tolist()
+        assert native.generate(prompts, generation, eos, pad) == [r[:r.index(eos[0]) + 1] if eos[0] in r else r
+                                                                  for r in theirs], round_
+        with torch.no_grad():
+            for parameter in (p for p in model.parameters() if p.requires_grad):
+                parameter.add_(0.05)  # an optimizer step, in place
+        assert not native.refresh()  # nothing to read again: the step reads the same tensors
+
+
+def test_unmerged_adapters_give_the_trainers_own_logits_in_bfloat16(tiny, primed):
+    """In bfloat16 the merged copy rounds W + BA to bfloat16, which the trainer never does: its logits differ from
+    the trainer's forward; the unmerged decoder adds each adapter as PEFT does and gives the trainer's logits bit
+    for bit (the numerics test's mismatch, at the source)."""
+    tokenizer, prompts = tiny
+    model = with_adapters(AutoModelForCausalLM.from_pretrained(primed["model"], dtype=torch.bfloat16))
+    for name, parameter in model.named_parameters():
+        if "lora_" in name:
+            parameter.data = parameter.data.float()  # the adapters' float32, as PEFT keeps them for training
+    ids = torch.tensor([prompts[2]])
+    length = ids.shape[1]
+    with torch.no_grad():
+        trainers = model(ids).logits[0, -1].float()
+        logits = {}
+        for unmerged in (False, True):
+            native = decoder.Decoder(model, compiled=False, unmerged=unmerged)
+            native.refresh()
+            cache = [tuple(torch.zeros(1, native.kv_heads, length, native.head_dim, dtype=torch.bfloat16)
+                           for _ in range(2)) for _ in native.layers]
+            causal = torch.ones(length, length, dtype=torch.bool).tril()[None]
+            logits[unmerged] = native.forward(ids, torch.arange(length)[None], cache, 0, causal,
+                                              native.rope_tables(length, "cpu", torch.bfloat16))[0]
+    assert torch.equal(logits[True], trainers)
+    assert not torch.equal(logits[False], trainers)
+
+
 def test_a_new_merge_is_written_in_place_one_layer_at_a_time(tiny, primed, monkeypatch):
     """After an optimizer step the merge lands in the tensors the decode step holds, one layer's fresh merge alive
     at a time (a second merged copy of the whole model was the 4B run's peak memory)."""
@@ -182,6 +240,7 @@ def test_the_compiled_decode_step_gives_the_eager_tokens_and_follows_an_optimize
                                   eos_token_id=tokenizer.eos_token_id)
     eos, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
     eager, compiled = decoder.Decoder(model, compiled=False), decoder.Decoder(model, compiled=True)
+    unmerged = decoder.Decoder(model, compiled=True, unmerged=True)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     assert compiled.generate(prompts, generation, eos, pad) == eager.generate(prompts, generation, eos, pad)
@@ -194,6 +253,9 @@ def test_the_compiled_decode_step_gives_the_eager_tokens_and_follows_an_optimize
     assert compiled.layers[0].qkv is held and not torch.equal(held, eager.layers[0].qkv)  # copied in place
     assert after == eager.generate(prompts, generation, eos, pad)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # new weights, same compiled halves
+    # unmerged (the layers' weights apart, each with its adapter): its own two halves, the same tokens
+    assert unmerged.generate(prompts, generation, eos, pad) == after
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 4
 
 
 def test_the_warm_up_compiles_for_the_longest_prompt_and_leaves_the_random_streams_alone(tiny, primed):

@@ -54,6 +54,11 @@ def study_problems(config: dict, backend_names: list[str], backend_options: dict
         if base in backend_names and stack(base) != TRL_PEFT:
             problems.append(f"backends: {name!r}: a configuration applies to the TRL + PEFT backends, not to "
                             f"{base!r} (its stack brings kernels and adapters of its own); drop it")
+        needs = set(CONFIGURATIONS[suffix].get("options", {}))
+        if base in backend_names and needs - set(backend_options[base]):
+            takes = [b for b in backend_names if needs <= set(backend_options[b])]
+            problems.append(f"backends: {name!r}: configuration {suffix!r} sets {', '.join(sorted(needs))}, an option "
+                            f"of {', '.join(takes)} only; drop it, or use {' or '.join(f'{b}+{suffix}' for b in takes)}")
         if CONFIGURATIONS[suffix]["shared_inputs"] and lora.get("lora_dropout", 0) != 0:
             problems.append(f"backends: {name!r} shares the adapters' bfloat16 input, which needs lora.lora_dropout: "
                             f"0.0 (dropout in float32 then rounded is not dropout in bfloat16); set it, or drop {name!r}")

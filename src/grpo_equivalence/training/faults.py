@@ -31,8 +31,9 @@ FAULTS = {
     "loss_x2": "the loss doubled, and its gradient with it: a trainer-side fault",
 }
 TEMPERATURE_FACTOR = {"temperature_up": 1.1, "temperature_down": 0.9}
-# Each configuration: what it is, the GRPOConfig settings it puts over the study's `grpo` for that backend alone, and
-# whether its adapters read the model's own bfloat16 input (backends.base.share_adapter_inputs). They apply to the
+# Each configuration: what it is, the GRPOConfig settings it puts over the study's `grpo` for that backend alone,
+# whether its adapters read the model's own bfloat16 input (backends.base.share_adapter_inputs), and the backend
+# options it sets over the study's `backend_options` (only a backend that has them takes it). They apply to the
 # TRL + PEFT stack's backends: Unsloth brings kernels and adapters of its own.
 CONFIGURATIONS = {
     "liger": {"what": "TRL's Liger kernels (grpo.use_liger_kernel: Liger's RMSNorm, SwiGLU and RoPE as Triton "
@@ -43,6 +44,9 @@ CONFIGURATIONS = {
                       "grpo": {}, "shared_inputs": True},
     "lean": {"what": "both: TRL's Liger kernels, and PEFT's adapters reading the model's bfloat16 input under autocast",
              "grpo": {"use_liger_kernel": True}, "shared_inputs": True},
+    "unmerged": {"what": "the decoder reading the trainer's weights and adapters where they lie, each adapter added as "
+                         "PEFT adds it, instead of a merged copy (backend_options unmerged_adapters; native only)",
+                 "grpo": {}, "shared_inputs": False, "options": {"unmerged_adapters": True}},
 }
 # The faults that change what the sampler draws from the same logits, as the settings a faulty sampler uses: the
 # rollout check computes from them what it can detect (grpo_equivalence.checks.power)

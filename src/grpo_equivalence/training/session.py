@@ -129,7 +129,8 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
         backend.before_trl_import()
         from trl import GRPOConfig, GRPOTrainer
 
-        options = (config.get("backend_options") or {}).get(faults.split(backend_name)[0], {})
+        options = {**(config.get("backend_options") or {}).get(faults.split(backend_name)[0], {}),
+                   **faults.CONFIGURATIONS.get(faults.configuration_of(backend_name), {}).get("options", {})}
         # Loading allocates on the GPU, which a vLLM engine starting beside it must not see (quietlock.quiet); a vLLM
         # backend's engine takes the lock itself, for its start alone (its loading is mostly the engine's).
         if not backend.gpu_memory_share(options):

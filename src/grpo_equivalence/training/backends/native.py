@@ -21,7 +21,8 @@ class Native(Backend):
             raise RuntimeError("backend 'native' expects TRL's GRPOTrainer to hold generation_config and "
                                "eos_token_ids; this TRL version has not: use trl 1.15 or 1.16")
         check_sampling(generation)  # before the first step: an unsupported setting fails at once
-        native = Decoder(trainer.model)
+        unmerged = bool(spec.options.get(UNMERGED))
+        native = Decoder(trainer.model, unmerged=unmerged)
         trainer.native_decoder = native  # the rollout check records what its sampler draws from
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor holds one
         pad_id = tokenizer.pad_token_id
@@ -45,7 +46,7 @@ class Native(Backend):
                 seconds = native.warm_up(prompt, batch, trainer.generation_config, trainer.eos_token_ids, pad_id)
                 print(f"[native] decode step compiled and captured in {seconds:.1f} s (batch {batch}, prompts of up "
                       f"to {len(prompt)} tokens)", flush=True)
-        return ["generation.native_decoder"]
+        return ["generation.native_decoder", *(["generation.native_decoder.unmerged_adapters"] if unmerged else [])]
 
 
 def longest_prompt(dataset, tokenizer, rows: int = 2000) -> list[int]:
@@ -65,9 +66,15 @@ def longest_prompt(dataset, tokenizer, rows: int = 2000) -> list[int]:
     return list(longest)
 
 
+UNMERGED = "unmerged_adapters"
 BACKEND = Native(
     name="native",
     summary="TRL + PEFT, rollout by the project's PyTorch decoder (merged adapters, static KV cache), no vLLM",
     data_parallel=True,
     sampler_logits="native",
+    options={UNMERGED: "true: the decode step reads the trainer's weights and LoRA adapters where they lie and adds "
+                       "each adapter as PEFT does (the trainer's own logits; no merged copy: the adapted weights' "
+                       "memory, 7.3 GB at the Qwen3-4B shape, at the cost of the adapters' small products each "
+                       "step); false (the default): a merged copy"},
+    flags=(UNMERGED,),
 )

@@ -11,13 +11,29 @@ def rms(x, weight, eps):
     return weight * x.to(dtype)
 
 
-def project(x, input_norm, qkv, qkv_bias, q_norm, k_norm, cos, sin, shape):
-    """A decode layer's first half: the normed input's q, k, v for one new token [B, 1, H], rotated."""
+def linear(y, w, bias=None):
+    """`y` through a weight as the decoder holds it: a tensor (merged, maybe fused); an unmerged linear (weight,
+    bias, A, B, scaling), its adapter added as PEFT adds it (in the adapter's dtype, the sum rounded to the base
+    layer's); or a tuple of them read apart, their outputs side by side as a fused weight's."""
+    import torch
     import torch.nn.functional as F
 
+    if torch.is_tensor(w):
+        return F.linear(y, w, bias)
+    if isinstance(w[0], tuple):
+        return torch.cat([linear(y, part) for part in w], dim=-1)
+    weight, own_bias, a, b, scaling = w
+    out = F.linear(y, weight, own_bias)
+    if a is None:
+        return out
+    return (out + F.linear(F.linear(y.to(a.dtype), a), b) * scaling).to(out.dtype)
+
+
+def project(x, input_norm, qkv, qkv_bias, q_norm, k_norm, cos, sin, shape):
+    """A decode layer's first half: the normed input's q, k, v for one new token [B, 1, H], rotated."""
     h, kvh, hd, eps = shape
     b = x.shape[0]
-    y = F.linear(rms(x, input_norm, eps), qkv, qkv_bias)
+    y = linear(rms(x, input_norm, eps), qkv, qkv_bias)
     q, k, v = y.split([h * hd, kvh * hd, kvh * hd], dim=-1)
     q, k = q.view(b, 1, h, hd), k.view(b, 1, kvh, hd)
     if q_norm is not None:
@@ -37,9 +53,9 @@ def attend(x, q, keys, values, valid, o, o_bias, post_norm, gate_up, down, shape
     scores = torch.matmul(q.view(b, kvh, h // kvh, hd), keys.transpose(-1, -2)).to(torch.float32) * hd ** -0.5
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     y = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)  # [B, kvh, group, hd]
-    x = x + F.linear(y.reshape(b, 1, h * hd), o, o_bias)
-    gate, up = F.linear(rms(x, post_norm, eps), gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, down)
+    x = x + linear(y.reshape(b, 1, h * hd), o, o_bias)
+    gate, up = linear(rms(x, post_norm, eps), gate_up).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, down)
 
 
 def rotate_half(x):

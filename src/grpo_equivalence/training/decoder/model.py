@@ -7,10 +7,10 @@ import time
 from dataclasses import fields
 
 from . import weights
-from .kernels import attend, project, rms, rotate_half
+from .kernels import attend, linear, project, rms, rotate_half
 from .sampling import check_sampling
 from .state import State
-from .weights import Layer, check_architecture, weight_of
+from .weights import Layer, check_architecture, unmerged_of, weight_of
 
 WINDOW = 64  # cache slots a decode step's attention window grows by (one CUDA graph per window)
 STATES = 2  # KV caches (with their graphs) kept at once, one per batch size and sampling; a third drops the oldest
@@ -19,9 +19,11 @@ CHECK_EVERY = 16  # decode steps between two looks at whether every sequence has
 
 class Decoder:
     """The merged weights of a causal LM, and a prefill and a decode step over a static KV cache. `compiled`: the
-    decode step compiled and replayed as CUDA graphs (None: on a GPU)."""
+    decode step compiled and replayed as CUDA graphs (None: on a GPU). `unmerged`: no merged copy; every step
+    reads the trainer's own weights and adapters where they lie (weights.unmerged_layer), so that an optimizer
+    step reaches it without a merge, at the cost of the adapters' own small products in every step."""
 
-    def __init__(self, model, compiled: bool | None = None):
+    def __init__(self, model, compiled: bool | None = None, unmerged: bool = False):
         import torch
 
         self.lm = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -31,7 +33,8 @@ class Decoder:
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.eps = c.rms_norm_eps
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self._version = None
+        self.unmerged = unmerged
+        self._version = self._where = None
         self.layers = None
         self.torch = torch
         device = next(model.parameters()).device
@@ -63,6 +66,8 @@ class Decoder:
         version = self.version()
         if version == self._version:
             return False
+        if self.unmerged:
+            return self._read_in_place(version)
         with self.torch.no_grad():
             inner = self.lm.model
             self.embed = inner.embed_tokens.weight.detach()
@@ -81,6 +86,25 @@ class Decoder:
                 self.lm_head, self.lm_head_bias = (self._into(self.lm_head, head[0], owned),
                                                    self._into(self.lm_head_bias, head[1], owned))
         self._version = version
+        return True
+
+    def _read_in_place(self, version: tuple) -> bool:
+        """Unmerged: the layers are the trainer's own tensors, which an optimizer step changes in place and the
+        decode step then reads as they are; they are read again (and the graphs captured anew) only where a tensor
+        moved or an adapter was turned on or off. Whether they were read again."""
+        inner = self.lm.model
+        where = (version[len(self.trainable):], tuple(
+            (getattr(m, "disable_adapters", False), getattr(m, "merged", False)) for m in self.lm.modules()
+            if hasattr(m, "get_delta_weight")))
+        self._version = version
+        if self.layers is not None and where == self._where:
+            return False
+        self._where = where
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm = inner.norm.weight.detach()
+        self.layers = [weights.unmerged_layer(block) for block in inner.layers]
+        self.lm_head, self.lm_head_bias = unmerged_of(self.lm.lm_head), None
+        self._states.clear()
         return True
 
     def _into(self, held, value, owned: set):
@@ -118,7 +142,7 @@ class Decoder:
         for layer, (keys, values) in zip(self.layers, cache, strict=True):
             residual = x
             y = self._rms(x, layer.input_norm)
-            qkv = F.linear(y, layer.qkv, layer.qkv_bias)
+            qkv = linear(y, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split([h * hd, kvh * hd, kvh * hd], dim=-1)
             q = q.view(b, t, h, hd)
             k = k.view(b, t, kvh, hd)
@@ -130,16 +154,15 @@ class Decoder:
             keys[:, :, start:start + t] = k
             values[:, :, start:start + t] = v
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=kvh != h)
-            x = residual + F.linear(y.transpose(1, 2).reshape(b, t, h * hd), layer.o, layer.o_bias)
+            x = residual + linear(y.transpose(1, 2).reshape(b, t, h * hd), layer.o, layer.o_bias)
             residual = x
             y = self._rms(x, layer.post_norm)
-            gate, up = F.linear(y, layer.gate_up).chunk(2, dim=-1)
-            x = residual + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = linear(y, layer.gate_up).chunk(2, dim=-1)
+            x = residual + linear(F.silu(gate) * up, layer.down)
         return self._logits(x[:, -1])
 
     def _logits(self, x):
-        F = self.torch.nn.functional
-        return F.linear(self._rms(x, self.norm), self.lm_head, self.lm_head_bias).to(self.torch.float32)
+        return linear(self._rms(x, self.norm), self.lm_head, self.lm_head_bias).to(self.torch.float32)
 
     def _kernels(self):
         """The two halves of a decode layer, compiled when the decoder is (one compilation serves every layer)."""

@@ -1,5 +1,7 @@
 """The policy's weights as the decoder reads them: every active LoRA adapter merged into a copy (the trainer's
-weights are never changed), fused where a step reads them together (q, k and v; gate and up)."""
+weights are never changed), fused where a step reads them together (q, k and v; gate and up); or, unmerged, the
+trainer's own tensors where they lie, each adapted layer as its base weight and its adapter (kernels.linear applies
+it as PEFT does), with no copy of the model at all."""
 
 from dataclasses import dataclass
 
@@ -36,6 +38,40 @@ def weight_of(module):
             if adapter in module.lora_A:
                 weight = weight + module.get_delta_weight(adapter).detach().to(weight.dtype)
     return weight, None if bias is None else bias.detach()
+
+
+def unmerged_of(module) -> tuple:
+    """A linear layer read where it lies, as (weight, bias, A, B, scaling) of the trainer's own tensors: for a LoRA
+    layer with its adapter on, the base layer's and the adapter's (kernels.linear applies it as PEFT does), else
+    its weight with A and B None."""
+    base = getattr(module, "base_layer", None)
+    layer = base if base is not None else module
+    weight, bias = layer.weight.detach(), getattr(layer, "bias", None)
+    bias = None if bias is None else bias.detach()
+    if base is None or not hasattr(module, "get_delta_weight") or getattr(module, "merged", False) \
+            or getattr(module, "disable_adapters", False):
+        return weight, bias, None, None, 0.0
+    adapters = [a for a in module.active_adapters if a in module.lora_A]
+    if len(adapters) != 1 or getattr(module, "use_dora", {}).get(adapters[0], False):
+        raise UnsupportedModel(f"backend 'native' reads unmerged adapters for one plain LoRA adapter a layer; this "
+                               f"layer has {len(adapters)} active{' (DoRA)' if len(adapters) == 1 else ''}: turn "
+                               f"unmerged_adapters off")
+    adapter = adapters[0]
+    return (weight, bias, module.lora_A[adapter].weight.detach(), module.lora_B[adapter].weight.detach(),
+            float(module.scaling[adapter]))
+
+
+def unmerged_layer(block) -> "Layer":
+    """A decoder layer's weights read where they lie (unmerged_of): q, k and v, gate and up each apart, none fused
+    (a fused weight is a copy); each linear carries its own bias."""
+    attn, mlp = block.self_attn, block.mlp
+    return Layer(qkv=tuple(unmerged_of(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)), qkv_bias=None,
+                 o=unmerged_of(attn.o_proj), o_bias=None,
+                 gate_up=(unmerged_of(mlp.gate_proj), unmerged_of(mlp.up_proj)), down=unmerged_of(mlp.down_proj),
+                 input_norm=block.input_layernorm.weight.detach(),
+                 post_norm=block.post_attention_layernorm.weight.detach(),
+                 q_norm=attn.q_norm.weight.detach() if hasattr(attn, "q_norm") else None,
+                 k_norm=attn.k_norm.weight.detach() if hasattr(attn, "k_norm") else None)
 
 
 @dataclass
