@@ -7,7 +7,8 @@
 # rollout's batch, the completions generated at once (gradient_accumulation_steps = BATCH / the study's
 # per_device_train_batch_size: TRL generates for the whole optimizer step at once, then trains in micro-batches of
 # the study's size, whose memory a 4B model's trainer can hold); GRPO='{use_liger_kernel: true}' merges those settings
-# into the study's `grpo` (a YAML mapping: every backend of the study gets them); STATS_ONLY=1 trains and records
+# into the study's `grpo` (a YAML mapping: every backend of the study gets them); OPTIONS='{native: {unmerged_adapters:
+# true}}' merges those into its `backend_options` (a configuration of that backend gets them too); STATS_ONLY=1 trains and records
 # the runs without the rollout checks and the report (the speed figures need only the runs).
 # Usage: benchmarks/gpu_speed_study.sh [OUTDIR] [GPUS] [STUDY]   (GPUS: train jobs at once)
 set -euo pipefail
@@ -15,9 +16,18 @@ out=$(realpath -m "${1:-results/gpu-speed}")
 gpus=${2:-1}
 mkdir -p "$out/stats" "$out/logs"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-python3 - "${3:-studies/speed-4b.yaml}" "$out/study.yaml" "${BACKENDS:-}" "${BATCH:-}" "${GRPO:-}" <<'PY'
+python3 - "${3:-studies/speed-4b.yaml}" "$out/study.yaml" "${BACKENDS:-}" "${BATCH:-}" "${GRPO:-}" "${OPTIONS:-}" <<'PY'
 import sys, yaml
 config = yaml.safe_load(open(sys.argv[1]))
+if sys.argv[6]:
+    extra = yaml.safe_load(sys.argv[6])
+    if not isinstance(extra, dict) or not all(isinstance(v, dict) for v in extra.values()):
+        sys.exit(f"OPTIONS={sys.argv[6]!r} is not a YAML mapping of backends to their options, e.g. "
+                 "OPTIONS='{native: {unmerged_adapters: true}}'")
+    options = config.setdefault("backend_options", {}) or {}
+    for backend, values in extra.items():
+        options[backend] = {**(options.get(backend) or {}), **values}
+    config["backend_options"] = options
 if sys.argv[5]:
     extra = yaml.safe_load(sys.argv[5])
     if not isinstance(extra, dict):
