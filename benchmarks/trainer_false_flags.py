@@ -59,8 +59,7 @@ def seed_checks(seed: int, dtype: str, gpu: bool, candidates: tuple) -> list[dic
     from grpo_equivalence.training import faults
 
     dataset = {"path": "json", "data_files": str(benchlib.DATA)}
-    patching = [c for c in candidates if faults.CONFIGURATIONS.get(faults.split(c)[1] or "", {})
-                .get("grpo", {}).get("use_liger_kernel")]
+    patching = [c for c in candidates if faults.grpo_settings(c, {}).get("use_liger_kernel")]
     order = [("reference", "hf", dtype), ("control", "hf", OTHER[dtype]),
              *[(c, c, dtype) for c in (*[c for c in candidates if c not in patching], *FAULTS, *patching)]]
     comparisons = []

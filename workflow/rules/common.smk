@@ -34,6 +34,7 @@ from grpo_equivalence.study.inputs import (CHAT_TEMPLATE_STUDY, architecture_pat
 from grpo_equivalence.study.validate import check
 from grpo_equivalence.training import backends, reward_code, rewards
 from grpo_equivalence.training.faults import split as fault_split
+from grpo_equivalence.training.prime import THREADS as PRIME_THREADS
 
 
 def study_file():

@@ -48,7 +48,7 @@ rule prime:
         script=entry_point("prime"),
         code=script_code("prime"),
         io=lambda wildcards, input, output: io_args(model=input.model, data=input.data, out=output[0]),
-    threads: 2  # training.prime.THREADS: the job computes with that many, whatever --cores leaves it
+    threads: PRIME_THREADS  # the job computes with that many, whatever --cores leaves it
     conda:
         conda_env("cpu")
     log:

@@ -129,8 +129,9 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
         backend.before_trl_import()
         from trl import GRPOConfig, GRPOTrainer
 
+        configuration = faults.CONFIGURATIONS.get(faults.configuration_of(backend_name), {})
         options = {**(config.get("backend_options") or {}).get(faults.split(backend_name)[0], {}),
-                   **faults.CONFIGURATIONS.get(faults.configuration_of(backend_name), {}).get("options", {})}
+                   **configuration.get("options", {})}
         # Loading allocates on the GPU, which a vLLM engine starting beside it must not see (quietlock.quiet); a vLLM
         # backend's engine takes the lock itself, for its start alone (its loading is mostly the engine's).
         if not backend.gpu_memory_share(options):
@@ -171,7 +172,6 @@ def session(config: dict, backend_name: str, max_steps: int, *, model_path: str,
             prepared = backend.prepare_trainer(trainer, spec)
             if trainer.args.use_liger_kernel:
                 apply_liger_kernels(trainer)
-            configuration = faults.CONFIGURATIONS.get(faults.configuration_of(backend_name), {})
             if configuration.get("shared_inputs"):
                 from .backends.base import share_adapter_inputs
 
