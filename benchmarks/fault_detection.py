@@ -81,6 +81,8 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "reserves (default: the backend's; JOBS engines run at once)")
     parser.add_argument("--resume", action="store_true", help="keep the checks an earlier call of this row left in "
                         "its folder (same backend, seed, sampling and cap on rounds) and run only the others")
+    parser.add_argument("--merge", nargs="+", metavar="ROW.json", default=None, help="join rows of one setting run "
+                        "at other seeds (calls of a row that one GPU session could not finish) into --out, and stop")
     parser.add_argument("--exact-top-p", action="store_true", help="backend_options exact_top_p: true (trl_vllm: "
                         "vLLM's sort-based top-k/top-p at every batch size, not its Triton kernel)")
     return parser
@@ -88,6 +90,10 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 def main() -> None:
     args = rollout_arguments(arguments(__doc__.splitlines()[0], 20, "fault_detection.json")).parse_args()
+    if args.merge:
+        Path(args.out).write_text(json.dumps(merge([json.loads(Path(f).read_text()) for f in args.merge]),
+                                             indent=1) + "\n")
+        return
     prepare(args)
     from grpo_equivalence.analysis import verdict
     from grpo_equivalence.checks import power, rollout_verdict
@@ -157,14 +163,15 @@ def main() -> None:
     for name, row in summary.items():
         print(f"  stated for {name}: {row}")
     Path(args.out).write_text(json.dumps({
-        "reps": args.reps, "backend": args.backend, "sampling": {k: config["grpo"][k] for k in SAMPLING_KEYS},
+        "reps": args.reps, "first_seed": args.first_seed, "backend": args.backend, "sampling": {k: config["grpo"][k] for k in SAMPLING_KEYS},
         "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds, "temperature_margin":
         check["temperature_margin"], "order": check["order"], "prompts_per_call": check["prompts_per_call"],
         "shared_sessions": args.share_sessions, "exact_top_p": args.exact_top_p,
         "sampler_logits": files[0].get("sampler_logits"), "numerics_floor": check["numerics_floor"],
         "tokens_per_check": tokens,
         "rounds_per_check": rounds, "counts": counts,
-        "divergent_by_test": by_test, "stated": summary, "checks": checks, "failed_checks": failed,
+        "divergent_by_test": by_test, "stated": summary,
+        "stated_rows": stated, "checks": checks, "failed_checks": failed,
         "environment": files[0]["environment"]},
         indent=1) + "\n")
 
@@ -209,6 +216,51 @@ def _run_all(jobs: list, args, start: float) -> tuple[list, list]:
             process.terminate()
     whole = [rep for rep in range(args.reps) if all(rep * width + k in done for k in range(width))]
     return [done[rep * width + k] for rep in whole for k in range(width)], failed
+
+
+# What rows must share to be joined: the settings and the code that judged them
+_SAME = ("backend", "sampling", "dtype", "gpu", "max_rounds", "temperature_margin", "order", "prompts_per_call",
+         "shared_sessions", "exact_top_p", "sampler_logits", "numerics_floor")
+
+
+def merge(rows: list[dict]) -> dict:
+    """Rows of one setting run at other seeds as one row: counts summed, checks and statements joined, the
+    repetitions renumbered in order. Refuses rows of other settings or commits, rows whose seeds overlap (a
+    repetition counted twice) and rows written before the file recorded its first seed and statements."""
+    for row in rows:
+        if "first_seed" not in row or "stated_rows" not in row:
+            raise SystemExit("--merge: a row written before rows recorded first_seed and stated_rows cannot be "
+                             "joined; run it again")
+    first = rows[0]
+    for row in rows[1:]:
+        differ = [key for key in _SAME if row.get(key) != first.get(key)]
+        if row["environment"].get("commit") != first["environment"].get("commit"):
+            differ.append("environment.commit")
+        if differ:
+            raise SystemExit(f"--merge: the rows differ in {', '.join(differ)}; join only rows of one setting, "
+                             "judged by one commit")
+    spans = sorted((row["first_seed"], row["first_seed"] + 100 * row["reps"]) for row in rows)
+    if any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])):
+        raise SystemExit(f"--merge: the rows' seeds overlap ({spans}): give each call its own --first-seed")
+    joined = {key: first[key] for key in first if key not in ("counts", "divergent_by_test", "checks")}
+    reps = sum(row["reps"] for row in rows)
+    checks, offset = [], 0
+    for row in rows:
+        checks += [{**check, "rep": check["rep"] + offset} for check in row["checks"]]
+        offset += row["reps"]
+    stated = {}
+    for row in rows:
+        for name, found in row["stated_rows"].items():
+            stated.setdefault(name, []).extend(found)
+    def summed(key: str) -> dict:
+        return {name: {k: sum(row[key][name][k] for row in rows) for k in first[key][name]} for name in first[key]}
+    joined.update(reps=reps, first_seed=[row["first_seed"] for row in rows], counts=summed("counts"),
+                  divergent_by_test=summed("divergent_by_test"), checks=checks, stated_rows=stated,
+                  stated={name: _stated(found) for name, found in stated.items() if found},
+                  failed_checks=[failed for row in rows for failed in row["failed_checks"]],
+                  tokens_per_check=sum(row["tokens_per_check"] * row["reps"] for row in rows) / reps,
+                  rounds_per_check=sum(row["rounds_per_check"] * row["reps"] for row in rows) / reps)
+    return joined
 
 
 def _resumed(jobs: list) -> dict[int, dict]:

@@ -527,6 +527,39 @@ def test_a_failed_check_drops_its_repetition_not_the_fault_benchmarks_row(tmp_pa
     sys.modules.pop("fault_detection", None)
 
 
+def test_rows_of_one_setting_run_at_other_seeds_join_and_others_are_refused(monkeypatch):
+    """A row one GPU session could not finish is run again at other seeds and joined (--merge): counts summed, the
+    repetitions renumbered, the statements' medians over both; rows of other settings, other commits or
+    overlapping seeds are refused, since a repetition counted twice or judged otherwise would change the rates."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import fault_detection
+
+    def row(first_seed, reps, divergent, commit="abc"):
+        settings = dict.fromkeys(fault_detection._SAME, 1)
+        return {**settings, "reps": reps, "first_seed": first_seed, "environment": {"commit": commit},
+                "counts": {"control": {"divergent": divergent, "equivalent": reps - divergent, "inconclusive": 0}},
+                "divergent_by_test": {"control": {"score": divergent}},
+                "checks": [{"rep": r, "candidate": "control"} for r in range(reps)], "failed_checks": [],
+                "stated_rows": {"temperature_up": [{"kind": "score", "power": 0.5 + r / 10, "tokens_needed": 1000}
+                                                   for r in range(reps)]},
+                "tokens_per_check": 100.0 * reps, "rounds_per_check": 2.0}
+
+    joined = fault_detection.merge([row(1000, 2, 1), row(2000, 3, 0)])
+    assert joined["reps"] == 5 and joined["counts"]["control"] == {"divergent": 1, "equivalent": 4, "inconclusive": 0}
+    assert [c["rep"] for c in joined["checks"]] == [0, 1, 0 + 2, 1 + 2, 2 + 2]
+    assert joined["stated"]["temperature_up"]["median_power"] == 0.6 and joined["first_seed"] == [1000, 2000]
+    assert joined["tokens_per_check"] == (200 * 2 + 300 * 3) / 5
+    for bad, says in ((row(1100, 1, 0), "overlap"), (row(3000, 1, 0, commit="def"), "environment.commit"),
+                      ({**row(3000, 1, 0), "dtype": "float32"}, "dtype")):
+        with pytest.raises(SystemExit, match=says):
+            fault_detection.merge([row(1000, 2, 1), bad])
+    with pytest.raises(SystemExit, match="run it again"):
+        fault_detection.merge([row(1000, 2, 1), {k: v for k, v in row(3000, 1, 0).items() if k != "first_seed"}])
+    sys.modules.pop("fault_detection", None)
+
+
 def test_the_trainer_checks_false_flag_tables_are_their_runs():
     """docs/trainer-check.md's tables of real trainer checks are benchmarks/trainer_false_flags.py's of its files:
     ten fresh seeds, three correct candidates and two faults each, in both precisions."""
