@@ -538,7 +538,7 @@ def test_rows_of_one_setting_run_at_other_seeds_join_and_others_are_refused(monk
 
     def row(first_seed, reps, divergent, commit="abc"):
         settings = dict.fromkeys(fault_detection._SAME, 1)
-        return {**settings, "reps": reps, "first_seed": first_seed, "environment": {"commit": commit},
+        return {**settings, "reps": reps, "first_seed": first_seed, "environment": {"git_commit": commit},
                 "counts": {"control": {"divergent": divergent, "equivalent": reps - divergent, "inconclusive": 0}},
                 "divergent_by_test": {"control": {"score": divergent}},
                 "checks": [{"rep": r, "candidate": "control"} for r in range(reps)], "failed_checks": [],
@@ -551,7 +551,7 @@ def test_rows_of_one_setting_run_at_other_seeds_join_and_others_are_refused(monk
     assert [c["rep"] for c in joined["checks"]] == [0, 1, 0 + 2, 1 + 2, 2 + 2]
     assert joined["stated"]["temperature_up"]["median_power"] == 0.6 and joined["first_seed"] == [1000, 2000]
     assert joined["tokens_per_check"] == (200 * 2 + 300 * 3) / 5
-    for bad, says in ((row(1100, 1, 0), "overlap"), (row(3000, 1, 0, commit="def"), "environment.commit"),
+    for bad, says in ((row(1100, 1, 0), "overlap"), (row(3000, 1, 0, commit="def"), "environment.git_commit"),
                       ({**row(3000, 1, 0), "dtype": "float32"}, "dtype")):
         with pytest.raises(SystemExit, match=says):
             fault_detection.merge([row(1000, 2, 1), bad])
@@ -562,13 +562,15 @@ def test_rows_of_one_setting_run_at_other_seeds_join_and_others_are_refused(monk
 
 def test_the_trainer_checks_false_flag_tables_are_their_runs():
     """docs/trainer-check.md's tables of real trainer checks are benchmarks/trainer_false_flags.py's of its files:
-    ten fresh seeds, three correct candidates and two faults each, in both precisions."""
+    ten fresh seeds, three correct candidates (four on the H100) and two faults each, in both precisions."""
     import json
 
     module = _benchmark("trainer_false_flags")
     text = (ROOT / "docs" / "trainer-check.md").read_text()
-    for name, dtype in (("trainer-false-flags-cpu", "float32"), ("trainer-false-flags-cpu-bfloat16", "bfloat16")):
+    for name, dtype, size in (("trainer-false-flags-cpu", "float32", 50), ("trainer-false-flags-cpu-bfloat16",
+                                                                          "bfloat16", 50),
+                              ("trainer-false-flags-h100-bfloat16", "bfloat16", 60)):
         result = json.loads((ROOT / "docs" / "faults" / f"{name}.json").read_text())
         assert result["dtype"] == dtype and result["seeds"] == 10 and result["first_seed"] == module.FIRST_SEED
-        assert len(result["comparisons"]) == 10 * (len(result["candidates"]) + len(result["faults"])) == 50
+        assert len(result["comparisons"]) == 10 * (len(result["candidates"]) + len(result["faults"])) == size
         assert module.runs_table(result) in text and module.faults_table(result) in text, name
