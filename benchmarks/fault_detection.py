@@ -234,8 +234,8 @@ def merge(rows: list[dict]) -> dict:
     first = rows[0]
     for row in rows[1:]:
         differ = [key for key in _SAME if row.get(key) != first.get(key)]
-        if row["environment"].get("commit") != first["environment"].get("commit"):
-            differ.append("environment.commit")
+        if row["environment"].get("git_commit") != first["environment"].get("git_commit"):
+            differ.append("environment.git_commit")
         if differ:
             raise SystemExit(f"--merge: the rows differ in {', '.join(differ)}; join only rows of one setting, "
                              "judged by one commit")
