@@ -574,3 +574,21 @@ def test_the_trainer_checks_false_flag_tables_are_their_runs():
         assert result["dtype"] == dtype and result["seeds"] == 10 and result["first_seed"] == module.FIRST_SEED
         assert len(result["comparisons"]) == 10 * (len(result["candidates"]) + len(result["faults"])) == size
         assert module.runs_table(result) in text and module.faults_table(result) in text, name
+
+
+def test_the_lean_examples_trainer_check_with_liger_is_its_files():
+    """docs/examples/h100-lean-equivalence's trainer check with Liger's kernels: the files say what the README says,
+    every quantity within its floor but not the same bits (a check that compared the same numbers would give 0)."""
+    import json
+
+    example = ROOT / "docs" / "examples" / "h100-lean-equivalence"
+    readme = " ".join((example / "README.md").read_text().split())
+    result = json.loads((example / "trainer-with-liger" / "native+lean_vs_native.json").read_text())
+    quantities = result["quantities"]
+    assert result["first"] is None and not any(q["differs"] for q in quantities.values())
+    for name, text in (("policy_logps", "policy log-probabilities differ by {:.4f} (floor {:.4f})"),
+                       ("reference_logps", "the reference's by {:.4f} ({:.4f})"),
+                       ("gradient", "the gradient by {:.3f} ({:.3f}")):
+        q = quantities[name]
+        assert q["difference"] > 0 and text.format(q["difference"], q["floor"]) in readme, name
+    assert f"cosine {quantities['gradient']['cosine']:.5f}" in readme
