@@ -83,6 +83,8 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "its folder (same backend, seed, sampling and cap on rounds) and run only the others")
     parser.add_argument("--merge", nargs="+", metavar="ROW.json", default=None, help="join rows of one setting run "
                         "at other seeds (calls of a row that one GPU session could not finish) into --out, and stop")
+    parser.add_argument("--across-commits", action="store_true", help="with --merge: join rows judged by other "
+                        "commits, once `git diff` shows the check's code the same in both")
     parser.add_argument("--exact-top-p", action="store_true", help="backend_options exact_top_p: true (trl_vllm: "
                         "vLLM's sort-based top-k/top-p at every batch size, not its Triton kernel)")
     return parser
@@ -91,8 +93,8 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 def main() -> None:
     args = rollout_arguments(arguments(__doc__.splitlines()[0], 20, "fault_detection.json")).parse_args()
     if args.merge:
-        Path(args.out).write_text(json.dumps(merge([json.loads(Path(f).read_text()) for f in args.merge]),
-                                             indent=1) + "\n")
+        rows = [json.loads(Path(f).read_text()) for f in args.merge]
+        Path(args.out).write_text(json.dumps(merge(rows, args.across_commits), indent=1) + "\n")
         return
     prepare(args)
     from grpo_equivalence.analysis import verdict
@@ -223,10 +225,12 @@ _SAME = ("backend", "sampling", "dtype", "gpu", "max_rounds", "temperature_margi
          "shared_sessions", "exact_top_p", "sampler_logits", "numerics_floor")
 
 
-def merge(rows: list[dict]) -> dict:
+def merge(rows: list[dict], across_commits: bool = False) -> dict:
     """Rows of one setting run at other seeds as one row: counts summed, checks and statements joined, the
-    repetitions renumbered in order. Refuses rows of other settings or commits, rows whose seeds overlap (a
-    repetition counted twice) and rows written before the file recorded its first seed and statements."""
+    repetitions renumbered in order. Refuses rows of other settings, rows whose seeds overlap (a repetition counted
+    twice), rows written before the file recorded its first seed and statements, and rows of other commits unless
+    across_commits (the caller has seen that the check's code did not change between them; each row's commit is
+    kept in git_commits)."""
     for row in rows:
         if "first_seed" not in row or "stated_rows" not in row:
             raise SystemExit("--merge: a row written before rows recorded first_seed and stated_rows cannot be "
@@ -234,11 +238,12 @@ def merge(rows: list[dict]) -> dict:
     first = rows[0]
     for row in rows[1:]:
         differ = [key for key in _SAME if row.get(key) != first.get(key)]
-        if row["environment"].get("git_commit") != first["environment"].get("git_commit"):
+        if row["environment"].get("git_commit") != first["environment"].get("git_commit") and not across_commits:
             differ.append("environment.git_commit")
         if differ:
             raise SystemExit(f"--merge: the rows differ in {', '.join(differ)}; join only rows of one setting, "
-                             "judged by one commit")
+                             "judged by one commit (--across-commits where `git diff A B -- src benchmarks` shows "
+                             "the check unchanged)")
     spans = sorted((row["first_seed"], row["first_seed"] + 100 * row["reps"]) for row in rows)
     if any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])):
         raise SystemExit(f"--merge: the rows' seeds overlap ({spans}): give each call its own --first-seed")
@@ -254,7 +259,8 @@ def merge(rows: list[dict]) -> dict:
             stated.setdefault(name, []).extend(found)
     def summed(key: str) -> dict:
         return {name: {k: sum(row[key][name][k] for row in rows) for k in first[key][name]} for name in first[key]}
-    joined.update(reps=reps, first_seed=[row["first_seed"] for row in rows], counts=summed("counts"),
+    joined.update(reps=reps, first_seed=[row["first_seed"] for row in rows],
+                  git_commits=[row["environment"].get("git_commit") for row in rows], counts=summed("counts"),
                   divergent_by_test=summed("divergent_by_test"), checks=checks, stated_rows=stated,
                   stated={name: _stated(found) for name, found in stated.items() if found},
                   failed_checks=[failed for row in rows for failed in row["failed_checks"]],

@@ -555,6 +555,8 @@ def test_rows_of_one_setting_run_at_other_seeds_join_and_others_are_refused(monk
                       ({**row(3000, 1, 0), "dtype": "float32"}, "dtype")):
         with pytest.raises(SystemExit, match=says):
             fault_detection.merge([row(1000, 2, 1), bad])
+    across = fault_detection.merge([row(1000, 2, 1), row(3000, 1, 0, commit="def")], across_commits=True)
+    assert across["reps"] == 3 and across["git_commits"] == ["abc", "def"]
     with pytest.raises(SystemExit, match="run it again"):
         fault_detection.merge([row(1000, 2, 1), {k: v for k, v in row(3000, 1, 0).items() if k != "first_seed"}])
     sys.modules.pop("fault_detection", None)
