@@ -42,7 +42,7 @@ def synthetic(loss=-0.015, kl_term=5e-6, gradient=1.0, scaling=2.0, tokens=84, l
              "optimizer": {"groups": [{"lr": lr, "weight_decay": 0.0, "eps": 1e-8, "betas": [0.9, 0.99],
                                        "numel": 512}]}, "schedule": [[lr], [lr / 2]], "beta": 0.001,
              "normaliser": 0.1 * tokens / loss, "tokens": tokens, "completions": 8, "grad_norm": gradient,
-             "max_grad_norm": 1.0}
+             "max_grad_norm": 1.0, "lengths": [tokens // 8] * 7 + [tokens - 7 * (tokens // 8)], "loss_type": "dapo"}
     g = torch.linspace(-1, 1, 512) * gradient
     tensors = {"policy_logps": torch.linspace(-3, -1, tokens), "reference_logps": torch.linspace(-3, -1.1, tokens),
                "kl": torch.full((tokens,), 0.005), "advantages": torch.tensor([1.0, -1.0] * 4),
@@ -92,6 +92,51 @@ def test_a_policy_term_that_cancels_to_zero_is_not_judged_on_its_own_rounding(ch
     result = trainer_verdict.compare(reference, synthetic(**change), control)
     assert result["first"] == first and said in result["said"], result["said"]
     assert trainer_verdict.compare(reference, control, control)["first"] is None  # the control at its own floor
+
+
+def test_a_scalars_floor_is_at_least_what_the_per_token_floor_can_move_it_by():
+    """The control's KL term drew near its reference's (its per-token errors cancel in the sum): a correct stack whose
+    per-token KL errs within the per-token floor, in one direction, moves the KL term more than twice that draw and
+    is not flagged; a KL term dropped from the loss, or the loss doubled, still is."""
+    reference = synthetic()
+    check, tensors = copy.deepcopy(reference)
+    signs = torch.tensor([1.0, -1.0] * 42)
+    control = (dict(check, dtype="bfloat16", kl_term=check["kl_term"] * (1 + 1e-5)),
+               dict(tensors, kl=tensors["kl"] * (1 + 0.01 * signs)))  # per-token floor 1 %, cancelling: 0 in the sum
+    moved = synthetic(kl_term=5e-6 * 1.01, loss=-0.015 + 5e-6 * 0.01)  # each token's KL 1 % up: within the floor
+    moved[1]["kl"] = tensors["kl"] * 1.01
+    result = trainer_verdict.compare(reference, moved, control)
+    # beyond twice the single draw
+    assert result["quantities"]["kl_term"]["difference"] > 2 * abs(control[0]["kl_term"] / check["kl_term"] - 1)
+    assert result["quantities"]["kl_term"]["floor"] == pytest.approx(0.01, rel=1e-5)  # w.|d| / w.kl
+    assert result["first"] is None, result["said"]
+    dropped = synthetic(kl_term=5e-15, loss=-0.015 - 5e-6)  # the KL term gone from the loss, its policy term kept
+    assert trainer_verdict.compare(reference, dropped, control)["first"] == "kl_term"
+    assert trainer_verdict.compare(reference, synthetic(loss=-0.03, kl_term=1e-5), control)["first"] == "loss"
+    # grpo weights each completion's tokens by one over its length: the reach follows the loss's own weights
+    # (seven completions of 2 tokens and one of 70; the control's KL 1 % off on the short ones only)
+    short = (dict(control[0]), dict(control[1], kl=tensors["kl"] * torch.tensor([1.01] * 14 + [1.0] * 70)))
+    reference[0]["lengths"] = [2] * 7 + [70]
+    assert trainer_verdict.compare(reference, moved, short)["quantities"]["kl_term"]["floor"] == \
+        pytest.approx(14 / 84 * 0.01, rel=1e-4)  # dapo: every token alike
+    reference[0]["loss_type"] = "grpo"
+    assert trainer_verdict._kl_weights(reference[0]["lengths"], "grpo")[:2].tolist() == [0.5, 0.5]
+    assert trainer_verdict.compare(reference, moved, short)["quantities"]["kl_term"]["floor"] == \
+        pytest.approx(7 / 8 * 0.01, rel=1e-4)  # grpo: each completion's mean, so the short ones weigh 7 of 8
+
+
+def test_the_clip_coefficients_floor_is_the_gradients_where_a_stack_clips():
+    reference = synthetic(gradient=2.0)
+    reference[0]["clip_coefficient"] = 0.5
+    control = with_noise(reference, 1e-3)  # the gradient 0.1 % larger: clip coefficient 0.1 % smaller
+    control[0]["clip_coefficient"] = 0.5  # ...but its single draw happens to be exact
+    candidate = synthetic(gradient=2.0 * (1 + 1.5e-3))
+    candidate[0]["clip_coefficient"] = 0.5 / (1 + 1.5e-3)
+    result = trainer_verdict.compare(reference, candidate, control)
+    assert result["quantities"]["clipping"]["floor"] == pytest.approx(1e-3, rel=1e-3)
+    assert result["first"] is None, result["said"]
+    candidate[0]["clip_coefficient"] = 0.25  # clipped at another norm than its gradient's: still flagged
+    assert trainer_verdict.compare(reference, candidate, control)["first"] == "clipping"
 
 
 def test_a_batch_whose_groups_all_tie_has_no_policy_term_and_the_verdict_says_zero_in_both():

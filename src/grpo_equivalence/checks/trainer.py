@@ -260,7 +260,7 @@ def check(config: dict, backend_name: str, *, model_path: str, dataset: dict, ba
         "schema_version": SCHEMA_VERSION, "backend": backend_name, "built_as": built_as,
         "fault": faults.fault_of(backend_name),
         "dtype": config["dtype"], "seed": config["grpo"]["seed"], "max_steps": max_steps, "beta": beta,
-        "loss_type": getattr(trainer.args, "loss_type", None), "completions": len(lengths), "tokens": sum(lengths),
+        "loss_type": getattr(trainer.args, "loss_type", None), "completions": len(lengths), "tokens": sum(lengths), "lengths": lengths,
         "with_advantage": int((advantages != 0).sum()),
         "loss": float(loss.detach()), "kl_term": kl_term, "summed_loss": summed,
         "normaliser": summed / float(loss.detach()) if float(loss.detach()) else None,
