@@ -16,7 +16,7 @@ by `hf`, and its own adapter) the reference `hf`, its control in the other preci
 how many comparisons flagged it and the spread of its floor over the seeds (one draw each); and per fault of the
 trainer (hf+no_kl, hf+loss_x2), at how many seeds it was named where it acts. Writes them as JSON.
 
-    python benchmarks/trainer_false_flags.py --runs 10 [--dtype float32] [--first-seed 5011] [--out FILE]
+    python benchmarks/trainer_false_flags.py --runs 10 [--dtype float32] [--first-seed 5031] [--out FILE]
 
 On a GPU (--gpu), where candidates whose kernels differ from `hf`'s err apart from it (`hf+liger`: Liger's Triton
 kernels and TRL's Liger loss), --jobs seeds at once:
@@ -41,7 +41,9 @@ CANDIDATES = ("hf_static", "cb_paged", "native")
 # Faults of the trainer the check must still flag, at the quantity where each acts
 FAULTS = {"hf+no_kl": "kl_term", "hf+loss_x2": "loss"}
 OTHER = {"float32": "bfloat16", "bfloat16": "float32"}
-FIRST_SEED = 5011  # seeds no trainer check of the docs used (5001 to 5010 were read to change the verdict's rule)
+# Seeds no trainer check of the docs used: 5001 to 5010 were read to change the rule of the loss's scale, 5011 to 5020
+# (the H100's Liger flags) to give a scalar the per-token floor's reach, 5021 to 5030 under a first form of that reach
+FIRST_SEED = 5031
 
 
 def ratios(numbers: int, draws: int, rng):
@@ -122,9 +124,12 @@ def real_runs(seeds: int, dtype: str, first_seed: int = FIRST_SEED, gpu: bool = 
         import torch
 
         device = torch.cuda.get_device_name(0)
+    from grpo_equivalence.runtime import environment
+
     return {"dtype": dtype, "control_dtype": OTHER[dtype], "seeds": seeds, "first_seed": first_seed,
             "device": device or "cpu", "candidates": list(candidates), "faults": FAULTS,
-            "factor": trainer_verdict.FACTOR, "comparisons": [c for seed in per_seed for c in seed]}
+            "factor": trainer_verdict.FACTOR, "comparisons": [c for seed in per_seed for c in seed],
+            "environment": environment.describe()}
 
 
 def runs_table(result: dict) -> str:

@@ -564,18 +564,25 @@ def test_rows_of_one_setting_run_at_other_seeds_join_and_others_are_refused(monk
 
 def test_the_trainer_checks_false_flag_tables_are_their_runs():
     """docs/trainer-check.md's tables of real trainer checks are benchmarks/trainer_false_flags.py's of its files:
-    ten fresh seeds, three correct candidates (four on the H100) and two faults each, in both precisions."""
+    ten fresh seeds, three correct candidates (four on the H100) and two faults each, in both precisions; today's
+    rule's at the benchmark's own first seed, the H100's of the rule before it at the seeds that changed it."""
     import json
 
     module = _benchmark("trainer_false_flags")
     text = (ROOT / "docs" / "trainer-check.md").read_text()
-    for name, dtype, size in (("trainer-false-flags-cpu", "float32", 50), ("trainer-false-flags-cpu-bfloat16",
-                                                                          "bfloat16", 50),
-                              ("trainer-false-flags-h100-bfloat16", "bfloat16", 60)):
+    for name, dtype, size, first in (("trainer-false-flags-cpu-seeds5031", "float32", 50, module.FIRST_SEED),
+                                     ("trainer-false-flags-cpu-bfloat16-seeds5031", "bfloat16", 50, module.FIRST_SEED),
+                                     ("trainer-false-flags-h100-bfloat16", "bfloat16", 60, 5011)):
         result = json.loads((ROOT / "docs" / "faults" / f"{name}.json").read_text())
-        assert result["dtype"] == dtype and result["seeds"] == 10 and result["first_seed"] == module.FIRST_SEED
+        assert result["dtype"] == dtype and result["seeds"] == 10 and result["first_seed"] == first
         assert len(result["comparisons"]) == 10 * (len(result["candidates"]) + len(result["faults"])) == size
         assert module.runs_table(result) in text and module.faults_table(result) in text, name
+    # today's rule: no correct candidate flagged on the CPU, and each fault named where it acts at every seed
+    for name in ("trainer-false-flags-cpu-seeds5031", "trainer-false-flags-cpu-bfloat16-seeds5031"):
+        result = json.loads((ROOT / "docs" / "faults" / f"{name}.json").read_text())
+        assert not any(c["first"] for c in result["comparisons"] if c["candidate"] in result["candidates"])
+        assert all(c["first"] == module.FAULTS[c["candidate"]] for c in result["comparisons"]
+                   if c["candidate"] in module.FAULTS)
 
 
 def test_the_lean_examples_trainer_check_with_liger_is_its_files():
