@@ -230,11 +230,15 @@ def merge(rows: list[dict], across_commits: bool = False) -> dict:
     repetitions renumbered in order. Refuses rows of other settings, rows whose seeds overlap (a repetition counted
     twice), rows written before the file recorded its first seed and statements, and rows of other commits unless
     across_commits (the caller has seen that the check's code did not change between them; each row's commit is
-    kept in git_commits)."""
+    kept in git_commits). A joined row joins again: it keeps each call's first seed, repetitions and commit
+    (`parts`)."""
     for row in rows:
         if "first_seed" not in row or "stated_rows" not in row:
             raise SystemExit("--merge: a row written before rows recorded first_seed and stated_rows cannot be "
                              "joined; run it again")
+        if isinstance(row["first_seed"], list) and "parts" not in row:
+            raise SystemExit("--merge: a row joined before joined rows recorded their parts cannot be joined again; "
+                             "join the rows it was made of")
     first = rows[0]
     for row in rows[1:]:
         differ = [key for key in _SAME if row.get(key) != first.get(key)]
@@ -244,7 +248,9 @@ def merge(rows: list[dict], across_commits: bool = False) -> dict:
             raise SystemExit(f"--merge: the rows differ in {', '.join(differ)}; join only rows of one setting, "
                              "judged by one commit (--across-commits where `git diff A B -- src benchmarks` shows "
                              "the check unchanged)")
-    spans = sorted((row["first_seed"], row["first_seed"] + 100 * row["reps"]) for row in rows)
+    parts = [part for row in rows for part in row.get("parts") or [
+        {"first_seed": row["first_seed"], "reps": row["reps"], "git_commit": row["environment"].get("git_commit")}]]
+    spans = sorted((part["first_seed"], part["first_seed"] + 100 * part["reps"]) for part in parts)
     if any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])):
         raise SystemExit(f"--merge: the rows' seeds overlap ({spans}): give each call its own --first-seed")
     joined = {key: first[key] for key in first if key not in ("counts", "divergent_by_test", "checks")}
@@ -259,8 +265,8 @@ def merge(rows: list[dict], across_commits: bool = False) -> dict:
             stated.setdefault(name, []).extend(found)
     def summed(key: str) -> dict:
         return {name: {k: sum(row[key][name][k] for row in rows) for k in first[key][name]} for name in first[key]}
-    joined.update(reps=reps, first_seed=[row["first_seed"] for row in rows],
-                  git_commits=[row["environment"].get("git_commit") for row in rows], counts=summed("counts"),
+    joined.update(reps=reps, first_seed=[part["first_seed"] for part in parts], parts=parts,
+                  git_commits=[part["git_commit"] for part in parts], counts=summed("counts"),
                   divergent_by_test=summed("divergent_by_test"), checks=checks, stated_rows=stated,
                   stated={name: _stated(found) for name, found in stated.items() if found},
                   failed_checks=[failed for row in rows for failed in row["failed_checks"]],

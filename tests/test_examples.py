@@ -479,6 +479,7 @@ def test_the_rollout_checks_rows_are_their_files():
             ("cpu-exact", "rollout-cpu-study-bfloat16"): "| T 0.1, min_p 0.5 (`config.yaml`'s), bfloat16 |",
             ("gpu-exact", "rollout-hf-tiny-bfloat16"): "| `hf`, T 1.0, min_p 0.05 (tiny) | H200 | 20 |",
             ("gpu-exact", "rollout-hf-study-bfloat16"): "| `hf`, T 0.1, min_p 0.5 (`config.yaml`'s) | H200 | 2 |",
+            ("gpu-exact", "rollout-hf-study-bfloat16-h100"): "| `hf`, T 0.1, min_p 0.5, 2026-12-07 | H100 | 12 |",
             ("gpu-exact", "rollout-trl_vllm-study-bfloat16"): "| `trl_vllm`, T 0.1, min_p 0.5 | H100 | 1 |",
             ("gpu-exact", "rollout-trl_vllm-study-bfloat16-exact_top_p"):
                 "| `trl_vllm` with `exact_top_p: true`, the same | H100 | 1 |",
@@ -557,6 +558,14 @@ def test_rows_of_one_setting_run_at_other_seeds_join_and_others_are_refused(monk
             fault_detection.merge([row(1000, 2, 1), bad])
     across = fault_detection.merge([row(1000, 2, 1), row(3000, 1, 0, commit="def")], across_commits=True)
     assert across["reps"] == 3 and across["git_commits"] == ["abc", "def"]
+    # a joined row joins again, each call's seeds kept: a later call's overlap is still refused
+    again = fault_detection.merge([across, row(4000, 2, 2, commit="ghi")], across_commits=True)
+    assert again["reps"] == 5 and again["first_seed"] == [1000, 3000, 4000]
+    assert again["git_commits"] == ["abc", "def", "ghi"] and again["counts"]["control"]["divergent"] == 3
+    with pytest.raises(SystemExit, match="overlap"):
+        fault_detection.merge([across, row(1100, 1, 0)], across_commits=True)
+    with pytest.raises(SystemExit, match="join the rows it was made of"):
+        fault_detection.merge([{k: v for k, v in across.items() if k != "parts"}, row(4000, 1, 0)])
     with pytest.raises(SystemExit, match="run it again"):
         fault_detection.merge([row(1000, 2, 1), {k: v for k, v in row(3000, 1, 0).items() if k != "first_seed"}])
     sys.modules.pop("fault_detection", None)
@@ -565,14 +574,16 @@ def test_rows_of_one_setting_run_at_other_seeds_join_and_others_are_refused(monk
 def test_the_trainer_checks_false_flag_tables_are_their_runs():
     """docs/trainer-check.md's tables of real trainer checks are benchmarks/trainer_false_flags.py's of its files:
     ten fresh seeds, three correct candidates (four on the H100) and two faults each, in both precisions; today's
-    rule's at the benchmark's own first seed, the H100's of the rule before it at the seeds that changed it."""
+    rule's on the CPU at the benchmark's own first seed, the H100's at the first seed of each call."""
     import json
 
     module = _benchmark("trainer_false_flags")
     text = (ROOT / "docs" / "trainer-check.md").read_text()
     for name, dtype, size, first in (("trainer-false-flags-cpu-seeds5031", "float32", 50, module.FIRST_SEED),
                                      ("trainer-false-flags-cpu-bfloat16-seeds5031", "bfloat16", 50, module.FIRST_SEED),
-                                     ("trainer-false-flags-h100-bfloat16", "bfloat16", 60, 5011)):
+                                     ("trainer-false-flags-h100-bfloat16", "bfloat16", 60, 5011),
+                                     ("trainer-false-flags-h100-bfloat16-seeds5031", "bfloat16", 60, 5031),
+                                     ("trainer-false-flags-h100-bfloat16-seeds5041", "bfloat16", 60, 5041)):
         result = json.loads((ROOT / "docs" / "faults" / f"{name}.json").read_text())
         assert result["dtype"] == dtype and result["seeds"] == 10 and result["first_seed"] == first
         assert len(result["comparisons"]) == 10 * (len(result["candidates"]) + len(result["faults"])) == size
