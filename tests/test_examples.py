@@ -612,3 +612,21 @@ def test_the_lean_examples_trainer_check_with_liger_is_its_files():
         q = quantities[name]
         assert q["difference"] > 0 and text.format(q["difference"], q["floor"]) in readme, name
     assert f"cosine {quantities['gradient']['cosine']:.5f}" in readme
+
+
+def test_the_margin_edge_table_on_synthetic_own_logits_is_its_file():
+    """docs/rollout-check.md's table of the score test at the margin's edge on synthetic own logits is
+    benchmarks/rollout_calibration.py --own's file, and that file holds the rate the test claims there: a sampler
+    10 % too hot called equivalent at most about alpha (5 %) of the time, its z at the edge mean 0 and SD 1."""
+    import json
+
+    result = json.loads((ROOT / "docs" / "faults" / "rollout-synthetic-own-study-margin-edge.json").read_text())
+    text = (ROOT / "docs" / "rollout-check.md").read_text()
+    assert result["own"] and result["settings"]["temperature"] == 0.1 and result["settings"]["min_p"] == 0.5
+    for r in result["rows"]:
+        line = (f"| {r['dtype']} | {r['sampler']} | {r['divergent']}/{r['reps']} | {r['equivalent']}/{r['reps']} | "
+                f"{r['edge_z_mean']:.3f}, {r['edge_z_sd']:.3f} |")
+        assert line in text, line
+        assert abs(r["edge_z_mean"]) < 0.15 and 0.9 < r["edge_z_sd"] < 1.1, r
+    hot = next(r for r in result["rows"] if r["sampler"] == "temperature_up")
+    assert hot["equivalent"] / hot["reps"] <= 0.065, hot
