@@ -5,8 +5,8 @@ e_c and e_r independent standard normal vectors. Prints, per n: the chance FACTO
 the loss stage's three scalars (the loss and its two terms), the factors that would hold 5 % a stage (the
 quantiles at 1 - 5 % and 1 - 5 %/3), and the chance a scalar summing n such numbers is flagged against its floor
 today (the larger of its own draw and the control's per-token differences summed with none cancelling,
-trainer_verdict._kl_reach), where the errors
-of the n numbers share a part (correlation 0 and 0.9: a precision's rounding is not independent token by token).
+trainer_verdict._kl_reach), where the errors of the n numbers share a part (correlation 0 and 0.9: a precision's
+rounding is not independent token by token).
 
     python benchmarks/trainer_false_flags.py [DRAWS]   (default 400000)
 
@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 from grpo_equivalence.checks import trainer_verdict  # noqa: E402
+from grpo_equivalence.runtime import environment  # noqa: E402
 
 CANDIDATES = ("hf_static", "cb_paged", "native")
 # Faults of the trainer the check must still flag, at the quantity where each acts
@@ -124,8 +125,6 @@ def real_runs(seeds: int, dtype: str, first_seed: int = FIRST_SEED, gpu: bool = 
         import torch
 
         device = torch.cuda.get_device_name(0)
-    from grpo_equivalence.runtime import environment
-
     return {"dtype": dtype, "control_dtype": OTHER[dtype], "seeds": seeds, "first_seed": first_seed,
             "device": device or "cpu", "candidates": list(candidates), "faults": FAULTS,
             "factor": trainer_verdict.FACTOR, "comparisons": [c for seed in per_seed for c in seed],
