@@ -145,8 +145,8 @@ def runs_table(result: dict) -> str:
         if not rows:
             continue
         floors = sorted({c["seed"]: c["quantities"][name]["floor"] for c in every}.values())
-        worst = max(r["difference"] / max(trainer_verdict.FACTOR * r["floor"], trainer_verdict.MIN_DIFFERENCE)
-                    for r in rows)
+        factor = result.get("factor", trainer_verdict.FACTOR)  # the rule the file's checks were judged by
+        worst = max(r["difference"] / max(factor * r["floor"], trainer_verdict.MIN_DIFFERENCE) for r in rows)
         spread = (f"{statistics.median(floors):.3g} ({floors[0]:.3g} to {floors[-1]:.3g})"
                   if name not in trainer_verdict.EXACT else "exact")
         lines.append(f"| {trainer_verdict.NAMES[name]} | {sum(r['differs'] for r in rows)} of {len(rows)} | "

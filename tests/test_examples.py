@@ -579,8 +579,8 @@ def test_the_trainer_checks_false_flag_tables_are_their_runs():
 
     module = _benchmark("trainer_false_flags")
     text = (ROOT / "docs" / "trainer-check.md").read_text()
-    for name, dtype, size, first in (("trainer-false-flags-cpu-seeds5031", "float32", 50, module.FIRST_SEED),
-                                     ("trainer-false-flags-cpu-bfloat16-seeds5031", "bfloat16", 50, module.FIRST_SEED),
+    for name, dtype, size, first in (("trainer-false-flags-cpu-seeds5051", "float32", 50, module.FIRST_SEED),
+                                     ("trainer-false-flags-cpu-bfloat16-seeds5051", "bfloat16", 50, module.FIRST_SEED),
                                      ("trainer-false-flags-h100-bfloat16", "bfloat16", 60, 5011),
                                      ("trainer-false-flags-h100-bfloat16-seeds5031", "bfloat16", 60, 5031),
                                      ("trainer-false-flags-h100-bfloat16-seeds5041", "bfloat16", 60, 5041)):
@@ -588,12 +588,15 @@ def test_the_trainer_checks_false_flag_tables_are_their_runs():
         assert result["dtype"] == dtype and result["seeds"] == 10 and result["first_seed"] == first
         assert len(result["comparisons"]) == 10 * (len(result["candidates"]) + len(result["faults"])) == size
         assert module.runs_table(result) in text and module.faults_table(result) in text, name
-    # today's rule: no correct candidate flagged on the CPU, and each fault named where it acts at every seed
-    for name in ("trainer-false-flags-cpu-seeds5031", "trainer-false-flags-cpu-bfloat16-seeds5031"):
+    # today's rule: no correct candidate flagged on the CPU, and each fault named where it acts at every seed but
+    # where the loss's values cannot tell it (a doubled loss whose policy term is zero reads as a doubled KL term)
+    for name in ("trainer-false-flags-cpu-seeds5051", "trainer-false-flags-cpu-bfloat16-seeds5051"):
         result = json.loads((ROOT / "docs" / "faults" / f"{name}.json").read_text())
+        assert result["factor"] == module.trainer_verdict.FACTOR
         assert not any(c["first"] for c in result["comparisons"] if c["candidate"] in result["candidates"])
-        assert all(c["first"] == module.FAULTS[c["candidate"]] for c in result["comparisons"]
-                   if c["candidate"] in module.FAULTS)
+        for c in (c for c in result["comparisons"] if c["candidate"] in module.FAULTS):
+            untold = c["candidate"] == "hf+loss_x2" and c["quantities"]["policy_term"]["difference"] == 0.0
+            assert c["first"] == module.FAULTS[c["candidate"]] or (untold and c["first"] == "kl_term"), c["seed"]
 
 
 def test_the_lean_examples_trainer_check_with_liger_is_its_files():
