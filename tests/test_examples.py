@@ -479,7 +479,7 @@ def test_the_rollout_checks_rows_are_their_files():
             ("cpu-exact", "rollout-cpu-study-bfloat16"): "| T 0.1, min_p 0.5 (`config.yaml`'s), bfloat16 |",
             ("gpu-exact", "rollout-hf-tiny-bfloat16"): "| `hf`, T 1.0, min_p 0.05 (tiny) | H200 | 20 |",
             ("gpu-exact", "rollout-hf-study-bfloat16"): "| `hf`, T 0.1, min_p 0.5 (`config.yaml`'s) | H200 | 2 |",
-            ("gpu-exact", "rollout-hf-study-bfloat16-h100"): "| `hf`, T 0.1, min_p 0.5, 2026-12-07 | H100 | 12 |",
+            ("gpu-exact", "rollout-hf-study-bfloat16-h100"): "| `hf`, T 0.1, min_p 0.5, 2026-12-07 | H100 | 21 |",
             ("gpu-exact", "rollout-trl_vllm-study-bfloat16"): "| `trl_vllm`, T 0.1, min_p 0.5 | H100 | 1 |",
             ("gpu-exact", "rollout-trl_vllm-study-bfloat16-exact_top_p"):
                 "| `trl_vllm` with `exact_top_p: true`, the same | H100 | 1 |",
