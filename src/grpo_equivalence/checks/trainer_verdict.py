@@ -26,8 +26,9 @@ FACTOR was 2 until the H100's seeds 5031 to 5050: Liger's kernels, which err apa
 its own precision change does, were flagged at a vector stage (per-token KL, gradient) at 2 seeds of 20 each, their
 difference over the floor at most 3.3 (95th percentile 2.0 over 30 seeds), where the faults lie at 7 or more. A stack
 whose kernels err independently of the reference's, k times as much as the precision change, lands about
-sqrt(1 + k^2) times the floor: 3 accepts k up to 2.8 and keeps the faults at more than twice the threshold. Set
-after reading those seeds, and measured on fresh ones (5051 to 5070, docs/trainer-check.md).
+sqrt(1 + k^2) times the floor: 3 accepts k up to 2.8 and kept the faults then at more than twice the threshold. Set
+after reading those seeds, and measured on fresh ones (5051 to 5070: no correct stack flagged, the faults at 1.95
+times the threshold or more; docs/trainer-check.md).
 """
 
 import math
