@@ -92,6 +92,42 @@ def test_a_sampler_that_drops_the_weakest_token_top_p_needs_is_divergent_on_its_
     assert judged["score"]["z"] > 10
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("settings", [STUDY, TINY], ids=["T0.1", "T1.0"])
+def test_the_margins_samplers_are_what_generate_draws_from_at_those_settings(settings, dtype):
+    """The score test's margin is the shift a sampler 10 % hotter (or colder) gives at each position: exact only if
+    scoring.alternatives' hotter and colder samplers, and the temperature faults, are the very distributions
+    transformers' generate() draws from at those settings. Its processed scores, step by step, against the check's
+    filters on its raw logits: the same numbers, so a fault's score moves by its margin in expectation (what the
+    H100's rows at config.yaml's sampling, temperature x1.1 at 0.8 of it, left open)."""
+    import torch
+
+    from grpo_equivalence.checks import scoring
+    from grpo_equivalence.training import tiny
+
+    tokenizer = tiny.build_tokenizer()
+    model = tiny.build_model(tokenizer, hidden_size=32, num_layers=1, seed=3)
+    with torch.no_grad():  # logits a few hundredths apart at temperature 0.1, as a trained model's leading tokens
+        model.model.norm.weight.mul_({0.1: 0.03, 1.0: 1.0}[settings["temperature"]])
+    model = model.to(getattr(torch, dtype)).eval()
+    prompts = tokenizer([tokenizer.apply_chat_template([{"role": "user", "content": f"{a}+{a + 1}"}], tokenize=False,
+                                                       add_generation_prompt=True) for a in range(8)],
+                        return_tensors="pt", padding=True)
+    margins = scoring.alternatives(settings, 0.1)
+    # the temperature faults' settings (a sampler's temperature x1.1 or x0.9, as the rollout check injects them), each
+    # against the margin it sits on
+    for fault, margin in (("temperature_up", "hot"), ("temperature_down", "cold")):
+        sampler = faults.sampler_settings(fault, settings)
+        with torch.no_grad():
+            out = model.generate(**prompts, do_sample=True, max_new_tokens=12, output_scores=True, output_logits=True,
+                                 return_dict_in_generate=True, **{k: v for k, v in sampler.items() if v is not None})
+        for scores, logits in zip(out.scores, out.logits, strict=True):
+            drawn_from = torch.softmax(scores.float(), -1)
+            margins_sampler = torch.softmax(scoring.filtered(margins[margin], "transformers", logits.float()), -1)
+            assert torch.equal(drawn_from, margins_sampler), fault
+            assert (drawn_from > 0).sum(-1).float().mean() > 1, fault  # the filters left choices to weigh
+
+
 @pytest.mark.workflow
 @pytest.mark.parametrize("backend", ["hf", "hf_static", "native"])
 def test_the_logits_a_backend_reports_are_those_its_sampler_drew_from(backend, primed, tiny_study, monkeypatch):
