@@ -303,7 +303,7 @@ def _evidence(rep: int, name: str, comparison: dict) -> dict:
     and score z (on its own logits where it reported them, else against the reference's: [candidate, reference]),
     the score's difference and margins, the numerics (mean |logp difference|, candidate's and reference's, and the
     bound), and where a backend returned processed log-probabilities only, their mismatch figures
-    (scoring.mismatch_figures)."""
+    (rollout_scoring.mismatch_figures)."""
     tests = comparison["tests"]
     support, score, numerics = tests["support"], tests["score"], tests.get("numerics") or {}
     mismatch = {side: None if not m else [m.get(key) for key in ("token_mult_prob_error", "mean_logp_diff",

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from grpo_equivalence.analysis import verdict
-from grpo_equivalence.checks import rollout, rollout_verdict, scoring
+from grpo_equivalence.checks import rollout, rollout_scoring, rollout_verdict, scoring
 from grpo_equivalence.training import faults
 
 SETTINGS = {"temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.1}
@@ -418,7 +418,7 @@ def test_a_sampler_that_drops_tokens_the_settings_keep_is_named_by_its_own_log_p
         tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
         sampler_logprobs = torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1).tolist()
         scored = scoring.score_tokens(scorer, tokens, settings, rounding=scoring.ROUNDING[dtype], margin=0.1)
-        figures = scoring.mismatch_figures(*scoring.per_token_agreement(sampler_logprobs, scored))
+        figures = rollout_scoring.mismatch_figures(*rollout_scoring.per_token_agreement(sampler_logprobs, scored))
         named[name] = figures
     correct, truncating = named["correct"], named["truncating"]
     flagged = {d["backend"] for d in drops_choices([{"backend": name, "seed": 1, "mismatch": figures}

@@ -146,7 +146,7 @@ def _sample_and_score(built, config: dict, backend_name: str, *, out: Path, seed
         # the sampler's raw log-probabilities against the trainer's (exact.numerics_figures); null: not reported
         "numerics": exact.numerics_figures(completions_out),
         # a backend's processed log-probabilities (vLLM's, without raw logits) against the settings' (scoring)
-        "mismatch": scoring.mismatch_figures(scorer.mismatch, scorer.sure) if scorer.mismatch else None,
+        "mismatch": rollout_scoring.mismatch_figures(scorer.mismatch, scorer.sure) if scorer.mismatch else None,
         "warnings": warnings,
         "environment": environment.describe(),
     }

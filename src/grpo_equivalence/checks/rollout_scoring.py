@@ -2,6 +2,7 @@
 a real vocabulary's logits small, each completion scored with the trainer's logits (scoring) and, where the
 backend reported them, with its sampler's own (exact)."""
 
+import math
 import os
 
 from . import exact, scoring
@@ -44,7 +45,7 @@ class Scorer:
         self.margin, self.order = check_settings["temperature_margin"], check_settings["order"]
         self.own_order = own_order
         self.mismatch: list[float] = []
-        self.sure: list[bool] = []  # scoring.per_token_agreement's
+        self.sure: list[bool] = []  # per_token_agreement's
 
     def score(self, sampled: list[dict]):
         """(record, completion sums, fault effect sums, own effect sums or None) per record, in order."""
@@ -73,7 +74,7 @@ class Scorer:
                         end = offset + len(record["completion_ids"])
                         scored = _slice(joined, offset, end)
                         if record["sampler_logprobs"] is not None and record["completion_ids"]:
-                            differences, sure = scoring.per_token_agreement(record["sampler_logprobs"], scored)
+                            differences, sure = per_token_agreement(record["sampler_logprobs"], scored)
                             self.mismatch += differences
                             self.sure += sure
                         sums, own_effects = scoring.completion_sums(scored), None
@@ -107,3 +108,42 @@ def _slice(joined: dict, start: int, end: int) -> dict:
         return scoring.empty()
     return {key: _slice(value, start, end) if isinstance(value, dict) else value[start:end]
             for key, value in joined.items()}
+
+
+# A sampler "sure" of a token: its own probability of it at least SAMPLER_SURE, where the settings give it at most
+# SETTINGS_UNSURE and the rounding cannot change what they keep (a decided position). A sampler with the settings'
+# support and the scorer's logits up to rounding cannot be: the token's rivals keep a share the rounding does not take
+# away (a 10 % temperature error moves 0.99 to 0.994, not 0.9999). One that drops every rival the settings keep is.
+SAMPLER_SURE, SETTINGS_UNSURE = 1 - 1e-4, 0.99
+
+
+def per_token_agreement(sampler_logprobs: list[float], scored: dict) -> tuple[list[float], list[bool]]:
+    """A completion's sampler log-probabilities (the backend's own, of each token it drew, after its temperature and
+    filters) beside the settings' (scoring.score_tokens' lists): the differences, sampler minus settings, at the
+    tokens the settings keep; and at each decided position where the settings give the drawn token at most
+    SETTINGS_UNSURE, whether the sampler gave it at least SAMPLER_SURE."""
+    differences, sure = [], []
+    for own, settings, decided in zip(sampler_logprobs, scored["logq"], scored["decided"], strict=True):
+        if not math.isfinite(settings):
+            continue
+        differences.append(own - settings)
+        if decided and settings <= math.log(SETTINGS_UNSURE):
+            sure.append(own >= math.log(SAMPLER_SURE))
+    return differences, sure
+
+
+def mismatch_figures(differences: list[float], sure: list[bool]) -> dict:
+    """The sampler/trainer mismatch of a check, from per_token_agreement's lists: NeMo-RL's token_mult_prob_error
+    and the absolute differences; the signed mean with its standard error (its draws are the sampler's, so with the
+    scorer's logits the mean estimates the KL divergence of the sampler's distribution from the settings' on the
+    tokens they keep: above 0 when it keeps fewer tokens or runs colder; in 16 bits the rounding moves it too, by
+    either sign, so read it against the reference's); and the sampler's sureness where the settings leave a choice
+    (`unsure_positions`, of them `sampler_sure`), which the rounding does not make."""
+    absolute = [abs(d) for d in differences]
+    mean = sum(differences) / len(differences)
+    spread = math.sqrt(sum((d - mean) ** 2 for d in differences) / (len(differences) - 1)) if len(differences) > 1 \
+        else None
+    return {"tokens": len(differences), "token_mult_prob_error": sum(math.exp(a) for a in absolute) / len(absolute),
+            "mean_abs_logp_diff": sum(absolute) / len(absolute), "max_abs_logp_diff": max(absolute),
+            "mean_logp_diff": mean, "se_logp_diff": None if spread is None else spread / math.sqrt(len(differences)),
+            "unsure_positions": len(sure), "sampler_sure": sum(sure)}

@@ -25,8 +25,6 @@ chance it draws a clearly-outside token, and how far its distribution is from q 
 these grpo_equivalence.checks.power states what the check can detect at the study's settings and size.
 """
 
-import math
-
 from ..training import faults, vllm_kernel
 
 # Relative rounding tolerance of the logits in each dtype: bfloat16 keeps 8 significant bits (a rounding step is
@@ -162,21 +160,28 @@ def _score(logits, tokens, settings: dict, rounding: float, margin: float, order
     dummy = torch.zeros((logits.shape[0], 1), dtype=torch.long, device=logits.device)
     exact = torch.ones(len(tokens), dtype=torch.bool, device=logits.device)
 
-    def apply(chain_settings: dict, values):
-        """The settings' filters on `values` (a copy), with the rest of the vocabulary beside them if narrowed."""
+    def apply(chain_settings: dict, *values, temperatures=None):
+        """The settings' filters on each of `values` (copies), each at its own temperature (default the settings'),
+        with the rest of the vocabulary beside them if narrowed: in one pass over them stacked, as every filter works
+        row by row. Each is divided by its temperature here, as transformers' TemperatureLogitsWarper divides, so that
+        samplers that differ only in temperature are filtered together."""
         nonlocal exact
+        temperatures = temperatures or [chain_settings.get("temperature")] * len(values)
+        parts = []
+        for part, temperature in zip(values, temperatures, strict=True):
+            if rest is not None:
+                part = torch.cat([part, rest({**chain_settings, "temperature": temperature})[:, None]], -1)
+            parts.append(part if temperature in (None, 1.0) else part / temperature)
+        stacked = torch.cat(parts) if len(parts) > 1 else parts[0]
+        kept = filtered({**chain_settings, "temperature": None}, order, stacked, dummy.repeat(len(parts), 1))
         if rest is None:
-            return filtered(chain_settings, order, values, dummy)
-        widened = filtered(chain_settings, order, torch.cat(
-            [values, rest(chain_settings)[:, None]], -1), dummy)
+            return kept.split(len(tokens))
         if not settings_only or chain_settings is settings:
-            exact &= ~torch.isfinite(widened[:, -1])
-        return widened[:, :-1]
+            exact &= ~torch.isfinite(kept[:, -1]).view(len(parts), -1).any(0)
+        return kept[:, :-1].split(len(tokens))
 
-    def kept(values):
-        return torch.isfinite(apply(settings, values))
-
-    logq = torch.log_softmax(apply(settings, logits), dim=-1)
+    (kept_logits,) = apply(settings, logits)
+    logq = torch.log_softmax(kept_logits, dim=-1)
     keep = torch.isfinite(logq)
     finite = torch.where(keep, logq, torch.zeros_like(logq))
     q = logq.exp()
@@ -184,30 +189,49 @@ def _score(logits, tokens, settings: dict, rounding: float, margin: float, order
     variance = ((q * finite ** 2).sum(-1) - entropy ** 2).clamp_min(0.0)
     picked = logq[rows, tokens]
     band = rounding * logits.amax(-1).abs().clamp_min(1.0)
+    dropped = ~keep
+    # Four probes of the support, filtered in one pass: the drawn token raised by the band (with a tie at top_k,
+    # raising a token can push it out of top_p's nucleus), the weakest kept token lowered and the strongest dropped
+    # one lifted by it (the boundary moved by the band), and every dropped token raised together (each raised on its
+    # own, approximated at once)
     raised = logits.clone()
     raised[rows, tokens] += band
-    # outside, and still outside raised (with a tie at top_k, raising a token can push it out of top_p's nucleus)
-    clear = ~keep[rows, tokens] & ~kept(raised)[rows, tokens]
-    # decided: the boundary tokens moved by the band leave the support as it is
     weakest = torch.where(keep, logits, torch.full_like(logits, float("inf"))).argmin(-1)
     lowered = logits.clone()
     lowered[rows, weakest] -= band
-    decided = (kept(lowered) == keep).all(-1)
-    dropped = ~keep
     strongest = torch.where(dropped, logits, torch.full_like(logits, -float("inf"))).argmax(-1)
     lifted = logits.clone()
     lifted[rows, strongest] += band
-    decided &= (kept(lifted) == keep).all(-1) | ~dropped.any(-1)
+    probes = apply(settings, raised, lowered, lifted, torch.where(keep, logits - band[:, None], logits))
+    kept_raised, kept_lowered, kept_lifted, kept_others = (torch.isfinite(probe) for probe in probes)
+    # outside, and still outside raised
+    clear = ~keep[rows, tokens] & ~kept_raised[rows, tokens]
+    # decided: the boundary tokens moved by the band leave the support as it is
+    decided = (kept_lowered == keep).all(-1)
+    decided &= (kept_lifted == keep).all(-1) | ~dropped.any(-1)
     if rest is not None:
         # the strongest token dropped must be one of the narrowed set: the rest holds none above it
         exact &= dropped.any(-1)
-    # tokens clearly outside, each raised on its own (approximated at once: every dropped token raised together)
-    clear_all = dropped & ~kept(torch.where(keep, logits - band[:, None], logits))
+    # tokens clearly outside
+    clear_all = dropped & ~kept_others
     centred = finite + entropy[:, None]
     out = {"logq": picked, "entropy": entropy, "variance": variance, "outside": ~torch.isfinite(picked),
            "outside_clear": clear, "decided": decided}
-    for name, alternative in alternatives(settings, margin).items():
-        p = torch.softmax(apply(alternative, logits), dim=-1)
+    # The samplers measured against, filtered once each (the hotter margin and temperature_up are one) and together
+    # where they differ only in temperature
+    others = alternatives(settings, margin)
+    samplers = {tuple(sorted(alternative.items())): alternative for alternative in others.values()}
+    by_filters: dict = {}
+    for key, alternative in samplers.items():
+        filters = tuple(sorted((k, v) for k, v in alternative.items() if k != "temperature"))
+        by_filters.setdefault(filters, []).append(key)
+    drawn_from = {}
+    for keys in by_filters.values():
+        kept = apply(samplers[keys[0]], *[logits] * len(keys),
+                     temperatures=[samplers[key].get("temperature") for key in keys])
+        drawn_from.update({key: torch.softmax(values, dim=-1) for key, values in zip(keys, kept, strict=True)})
+    for name, alternative in others.items():
+        p = drawn_from[tuple(sorted(alternative.items()))]
         inside = p * keep
         mass = inside.sum(-1)
         conditional = inside / mass.clamp_min(1e-30)[:, None]
@@ -233,60 +257,33 @@ def completion_sums(scored: dict) -> dict:
     there; scored: those positions; decided: every decided position; outside, outside_clear: tokens outside the
     support, strictly and clearly."""
     n = len(scored["logq"])
-    counted = [i for i in range(n) if scored["decided"][i] and not scored["outside"][i]]
-    sums = {"tokens": n, "scored": len(counted), "decided": sum(scored["decided"]),
-            "score": sum(scored["logq"][i] + scored["entropy"][i] for i in counted),
-            "variance": sum(scored["variance"][i] for i in counted),
+    counted = _counted(scored)
+    logq, entropy = map(scored["logq"].__getitem__, counted), map(scored["entropy"].__getitem__, counted)
+    score = [q + h for q, h in zip(logq, entropy)]
+    sums = {"tokens": n, "scored": len(counted), "decided": sum(scored["decided"]), "score": sum(score),
+            "variance": _summed(scored["variance"], counted),
             "outside": sum(scored["outside"]), "outside_clear": sum(scored["outside_clear"])}
     for side in ("hot", "cold"):
-        sums[f"{side}_shift"] = sum(scored[side]["shift"][i] for i in counted)
-        sums[f"{side}_variance"] = sum(scored[side]["variance"][i] for i in counted)
+        sums[f"{side}_shift"] = _summed(scored[side]["shift"], counted)
+        sums[f"{side}_variance"] = _summed(scored[side]["variance"], counted)
     return sums
 
 
 def effect_sums(scored: dict) -> dict:
     """What each named sampling fault would change at these positions, summed: the power computation's input."""
-    counted = [i for i in range(len(scored["logq"])) if scored["decided"][i] and not scored["outside"][i]]
-    return {name: {"shift": sum(scored[name]["shift"][i] for i in counted),
-                   "variance": sum(scored[name]["variance"][i] for i in counted),
+    counted = _counted(scored)
+    return {name: {"shift": _summed(scored[name]["shift"], counted),
+                   "variance": _summed(scored[name]["variance"], counted),
                    "outside": sum(scored[name]["outside"]), "changed": sum(scored[name]["changed"])}
             for name in faults.SAMPLING}
 
 
-# A sampler "sure" of a token: its own probability of it at least SAMPLER_SURE, where the settings give it at most
-# SETTINGS_UNSURE and the rounding cannot change what they keep (a decided position). A sampler with the settings'
-# support and the scorer's logits up to rounding cannot be: the token's rivals keep a share the rounding does not take
-# away (a 10 % temperature error moves 0.99 to 0.994, not 0.9999). One that drops every rival the settings keep is.
-SAMPLER_SURE, SETTINGS_UNSURE = 1 - 1e-4, 0.99
+def _counted(scored: dict) -> list[int]:
+    """The positions the score sums: decided, their token inside the support."""
+    return [i for i, (decided, outside) in enumerate(zip(scored["decided"], scored["outside"]))
+            if decided and not outside]
 
 
-def per_token_agreement(sampler_logprobs: list[float], scored: dict) -> tuple[list[float], list[bool]]:
-    """A completion's sampler log-probabilities (the backend's own, of each token it drew, after its temperature and
-    filters) beside the settings' (scoring.score_tokens' lists): the differences, sampler minus settings, at the
-    tokens the settings keep; and at each decided position where the settings give the drawn token at most
-    SETTINGS_UNSURE, whether the sampler gave it at least SAMPLER_SURE."""
-    differences, sure = [], []
-    for own, settings, decided in zip(sampler_logprobs, scored["logq"], scored["decided"], strict=True):
-        if not math.isfinite(settings):
-            continue
-        differences.append(own - settings)
-        if decided and settings <= math.log(SETTINGS_UNSURE):
-            sure.append(own >= math.log(SAMPLER_SURE))
-    return differences, sure
-
-
-def mismatch_figures(differences: list[float], sure: list[bool]) -> dict:
-    """The sampler/trainer mismatch of a check, from per_token_agreement's lists: NeMo-RL's token_mult_prob_error
-    and the absolute differences; the signed mean with its standard error (its draws are the sampler's, so with the
-    scorer's logits the mean estimates the KL divergence of the sampler's distribution from the settings' on the
-    tokens they keep: above 0 when it keeps fewer tokens or runs colder; in 16 bits the rounding moves it too, by
-    either sign, so read it against the reference's); and the sampler's sureness where the settings leave a choice
-    (`unsure_positions`, of them `sampler_sure`), which the rounding does not make."""
-    absolute = [abs(d) for d in differences]
-    mean = sum(differences) / len(differences)
-    spread = math.sqrt(sum((d - mean) ** 2 for d in differences) / (len(differences) - 1)) if len(differences) > 1 \
-        else None
-    return {"tokens": len(differences), "token_mult_prob_error": sum(math.exp(a) for a in absolute) / len(absolute),
-            "mean_abs_logp_diff": sum(absolute) / len(absolute), "max_abs_logp_diff": max(absolute),
-            "mean_logp_diff": mean, "se_logp_diff": None if spread is None else spread / math.sqrt(len(differences)),
-            "unsure_positions": len(sure), "sampler_sure": sum(sure)}
+def _summed(values: list, positions: list[int]):
+    """values at positions, summed in their order (a check's thousands of completions make this the sums' cost)."""
+    return sum(map(values.__getitem__, positions))

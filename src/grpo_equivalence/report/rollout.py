@@ -5,7 +5,7 @@ from pathlib import Path
 
 from ..analysis import stats as stats_io
 from ..analysis import verdict
-from ..checks import power, rollout_verdict, scoring
+from ..checks import power, rollout_scoring, rollout_verdict
 from ..checks import rollout as rollout_files
 from ..study.config import rollout_check_settings
 from ..training import faults
@@ -59,8 +59,8 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
                      "sample_s": c.get("sample_s"), "mismatch": c.get("mismatch"), "numerics": c.get("numerics"),
                      "sampler_logits": c.get("sampler_logits")}
                     for c in [base, *others]],
-            "drops_choices": drops_choices([base, *others]), "sampler_sure": scoring.SAMPLER_SURE,
-            "settings_unsure": scoring.SETTINGS_UNSURE}
+            "drops_choices": drops_choices([base, *others]), "sampler_sure": rollout_scoring.SAMPLER_SURE,
+            "settings_unsure": rollout_scoring.SETTINGS_UNSURE}
 
 
 WORDS = {verdict.EQUIVALENT: "correct", verdict.DIVERGENT: "**divergent**", verdict.INCONCLUSIVE: "inconclusive"}
@@ -106,7 +106,7 @@ def numerics_said(comparison: dict) -> str:
 
 # A check whose sampler was sure of its draw at this share of the positions where the settings leave a choice (and at
 # SURE_COUNT of them at least) is named in the report: a correct sampler is almost never sure there
-# (scoring.SAMPLER_SURE); a handful can be the rounding of two kernels at a cold temperature
+# (rollout_scoring.SAMPLER_SURE); a handful can be the rounding of two kernels at a cold temperature
 SURE_SHARE, SURE_COUNT = 0.01, 5
 
 
