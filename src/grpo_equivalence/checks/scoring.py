@@ -217,21 +217,19 @@ def _score(logits, tokens, settings: dict, rounding: float, margin: float, order
     centred = finite + entropy[:, None]
     out = {"logq": picked, "entropy": entropy, "variance": variance, "outside": ~torch.isfinite(picked),
            "outside_clear": clear, "decided": decided}
-    # The samplers measured against, filtered once each (the hotter margin and temperature_up are one) and together
-    # where they differ only in temperature
-    others = alternatives(settings, margin)
-    samplers = {tuple(sorted(alternative.items())): alternative for alternative in others.values()}
-    by_filters: dict = {}
-    for key, alternative in samplers.items():
-        filters = tuple(sorted((k, v) for k, v in alternative.items() if k != "temperature"))
-        by_filters.setdefault(filters, []).append(key)
-    drawn_from = {}
-    for keys in by_filters.values():
-        kept = apply(samplers[keys[0]], *[logits] * len(keys),
-                     temperatures=[samplers[key].get("temperature") for key in keys])
-        drawn_from.update({key: torch.softmax(values, dim=-1) for key, values in zip(keys, kept, strict=True)})
+    # The samplers measured against, by their filters and then their temperature: each filtered once (the hotter
+    # margin and temperature_up are one), those differing only in temperature together
+    others, groups = alternatives(settings, margin), {}
     for name, alternative in others.items():
-        p = drawn_from[tuple(sorted(alternative.items()))]
+        filters = tuple(sorted((k, v) for k, v in alternative.items() if k != "temperature"))
+        groups.setdefault(filters, {}).setdefault(alternative.get("temperature"), []).append(name)
+    drawn_from = {}
+    for filters, by_temperature in groups.items():
+        kept = apply(dict(filters), *[logits] * len(by_temperature), temperatures=list(by_temperature))
+        for names, values in zip(by_temperature.values(), kept, strict=True):
+            drawn_from.update(dict.fromkeys(names, torch.softmax(values, dim=-1)))
+    for name in others:
+        p = drawn_from[name]
         inside = p * keep
         mass = inside.sum(-1)
         conditional = inside / mass.clamp_min(1e-30)[:, None]
