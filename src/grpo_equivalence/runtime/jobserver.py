@@ -17,6 +17,7 @@ child), and a stop of its own when the job's process is gone. What differs: Snak
 job measures the waiting process, not the work.
 """
 
+import contextlib
 import os
 import signal
 import socket
@@ -101,7 +102,8 @@ def _run_job(request: dict, conn) -> int:
     sys.path[:] = request["path"]
 
     def watch():  # the job's own process is gone (SIGKILL): nothing waits for this job any more
-        conn.recv(1)
+        with contextlib.suppress(OSError):  # reset, not ended: it died with the server's reply still unread
+            conn.recv(1)
         print("[job server] the job's own process is gone: stopping", flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -186,7 +188,8 @@ def serve(workflow_pid: int, log=print) -> int | None:
             for fd in fds:
                 os.close(fd)
             waiting[pid] = conn
-            send(conn, {"pid": pid})
+            with contextlib.suppress(OSError):  # its own process gone already: the job stops itself, reaped as any
+                send(conn, {"pid": pid})
             log(f"job {pid}: {' '.join(request['argv'][:1])}")
     finally:
         listener.close()
