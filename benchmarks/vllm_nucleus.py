@@ -72,58 +72,6 @@ def kernel(source: str):
     return module.apply_top_k_top_p_triton, version
 
 
-def kernel_rule(candidates, kept, survivors, top_k, top_p):
-    """The kernel's rule, from the logits top-p chose among (`candidates`: after temperature, top_k and min_p; -inf
-    where dropped), the exact filters' result (`kept`) and how many tokens min_p alone left (`survivors`): with a
-    top_p below 1, where no more than top_k survived min_p (the kernel then takes its top-p path alone; above, its
-    top-k path, which keeps what top_p asks) and top-p kept every candidate and there are several, the weakest is
-    dropped. In place on `kept`."""
-    import torch
-
-    if top_p is None or top_p >= 1.0:  # vLLM asks no top-p of the kernel
-        return kept
-    among = torch.isfinite(candidates)
-    alone = survivors <= top_k if top_k else torch.ones_like(survivors, dtype=torch.bool)
-    rows = (alone & (torch.isfinite(kept) == among).all(-1) & (among.sum(-1) > 1)).nonzero().squeeze(1)
-    weakest = torch.where(among, candidates, torch.full_like(candidates, float("inf"))).argmin(-1)
-    kept[rows, weakest[rows]] = -float("inf")
-    return kept
-
-
-def imitate_in_generate() -> None:
-    """transformers' generate() in this process filters as vLLM 0.26's kernel does (a CPU stand-in for a vLLM
-    sampler), with whatever top_k, top_p and min_p it is given: its top-k and top-p warpers keep what they were
-    given, and its min-p warper (the last filter) applies kernel_rule. Only the names transformers.generation.utils
-    builds generate()'s warpers from are replaced, not the classes the rollout check scores with."""
-    import torch
-    from transformers.generation import logits_process, utils
-
-    given = {}
-
-    class TopKRemembering(logits_process.TopKLogitsWarper):
-        def __call__(self, input_ids, scores):
-            given["whole"], given["top_k"] = scores.clone(), self.top_k
-            return super().__call__(input_ids, scores)
-
-    class TopPRemembering(logits_process.TopPLogitsWarper):
-        def __call__(self, input_ids, scores):
-            given["candidates"], given["top_p"] = scores.clone(), self.top_p
-            return super().__call__(input_ids, scores)
-
-    class MinPThenKernelRule(logits_process.MinPLogitsWarper):
-        def __call__(self, input_ids, scores):
-            kept = super().__call__(input_ids, scores)
-            whole, top_k = given.pop("whole", None), given.pop("top_k", None)
-            if "candidates" not in given:  # no top_p this step: nothing for the kernel to cut
-                return kept
-            candidates = super().__call__(input_ids, given.pop("candidates"))
-            survivors = torch.isfinite(super().__call__(input_ids, whole if whole is not None else candidates.clone()))
-            return kernel_rule(candidates, kept, survivors.sum(-1), top_k, given.pop("top_p"))
-
-    utils.TopKLogitsWarper, utils.TopPLogitsWarper = TopKRemembering, TopPRemembering
-    utils.MinPLogitsWarper = MinPThenKernelRule
-
-
 def vllm_sampler(logits, sampler: dict, top_k_top_p, device: str):
     """The logits vLLM's sampler draws from (forward_native, processed): float32, divided by the temperature, min_p
     as its MinPLogitsProcessor applies it, then top-k and top-p by `top_k_top_p`."""
@@ -156,6 +104,7 @@ def main() -> None:
 
     from grpo_equivalence.checks import scoring
     from grpo_equivalence.training import faults
+    from grpo_equivalence.training.vllm_kernel import drop_weakest
 
     settings, logits = sampled_logits(args.sampling, args.prompts)
     if args.top_p is not None:
@@ -168,10 +117,11 @@ def main() -> None:
         exact = scoring.processors(sampler, "vllm")(ids, logits.clone())
         ran = vllm_sampler(logits, sampler, top_k_top_p, device)
         mine, theirs = torch.isfinite(exact), torch.isfinite(ran)
-        # the CPU stand-in (imitate_in_generate): the exact filters, then the kernel's rule on what top-p chose among
+        # the CPU stand-in (the drop_weakest fault's rule): the exact filters, then the kernel's rule on what top-p
+        # chose among
         survivors = torch.isfinite(scoring.processors({**sampler, "top_k": None, "top_p": None}, "vllm")(
             ids, logits.clone())).sum(-1)
-        rule = torch.isfinite(kernel_rule(scoring.processors({**sampler, "top_p": None}, "vllm")(ids, logits.clone()),
+        rule = torch.isfinite(drop_weakest(scoring.processors({**sampler, "top_p": None}, "vllm")(ids, logits.clone()),
                                           exact.clone(), survivors, sampler.get("top_k"), sampler.get("top_p")))
         several = mine.sum(-1) > 1
         rows[name] = {"exact": against_q(logits, settings, exact),
