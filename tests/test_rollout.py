@@ -151,6 +151,41 @@ def test_a_sampling_fault_put_into_a_shared_trainer_goes_out_with_its_block():
         pass
 
 
+def test_the_rollout_weight_faults_hold_their_weights_for_the_rollout_alone():
+    """fp8_rollout quantises every weight matrix (and no vector) for the generation call, bf16_rollout rounds the
+    trainable weights; after the call, an error included, the trainer holds its own values again."""
+    from types import SimpleNamespace
+
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    model[0].weight.requires_grad_(False)  # a frozen base matrix: quantised by fp8_rollout, not rounded by bf16
+    own = {name: p.detach().clone() for name, p in model.named_parameters()}
+    # what the rollout must see of a parameter, from the parameter and its own values
+    for fault, expected in (("fp8_rollout", lambda p, value: faults.fp8(value) if p.dim() == 2 else value),
+                            ("bf16_rollout", lambda p, value: value.to(torch.bfloat16).float() if p.requires_grad
+                             else value)):
+        seen = {}
+
+        def generate(fail=False):
+            seen.update({name: p.detach().clone() for name, p in model.named_parameters()})
+            if fail:
+                raise RuntimeError("inside")
+            return "completions"
+
+        trainer = SimpleNamespace(model=model, _generate_single_turn=generate)
+        assert faults.inject(trainer, fault) == [f"fault.{fault}"]
+        assert trainer._generate_single_turn() == "completions"
+        for name, p in model.named_parameters():
+            assert torch.equal(seen[name], expected(p, own[name])), (fault, name)
+            assert torch.equal(p, own[name]), (fault, name)
+        assert any(not torch.equal(seen[name], own[name]) for name in own), fault
+        with pytest.raises(RuntimeError, match="inside"):
+            trainer._generate_single_turn(fail=True)
+        assert all(torch.equal(p, own[name]) for name, p in model.named_parameters())
+
+
 HOT = 18  # the seed of the native decoder run hot (temperature_up)
 # Half the tiny study's prompts: judged on their own logits, the faults the module asserts are still stated near
 # certain (temperature x1.1 too), and each check costs half

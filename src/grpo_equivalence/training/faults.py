@@ -172,15 +172,16 @@ def _trainable(trainer) -> list:
     return [p for p in trainer.model.parameters() if p.requires_grad]
 
 
-def _wrap_rollout(trainer, weights_for_rollout) -> None:
-    """Around each generation call, the trainable weights hold `weights_for_rollout(trainer)` (a list of tensors,
-    or None to leave them), and get their own values back afterwards: what the rollout sees, not what trains."""
+def _wrap_rollout(trainer, weights_for_rollout, held=_trainable) -> None:
+    """Around each generation call, the weights `held(trainer)` names (the trainable ones by default) hold
+    `weights_for_rollout(trainer, weights)` (a list of tensors, or None to leave them), and get their own values back
+    afterwards: what the rollout sees, not what trains."""
     import torch
 
     generate = trainer._generate_single_turn
 
     def faulty(*args, **kwargs):
-        params = _trainable(trainer)
+        params = held(trainer)
         swapped = weights_for_rollout(trainer, params)
         if swapped is None:
             return generate(*args, **kwargs)
@@ -227,27 +228,11 @@ def _wrap_rollout_matrices(trainer, quantise) -> None:
     """Around each generation call every weight matrix of the model (the base model's, the adapters', the output
     layer's) holds quantise(matrix), and its own values after: the rollout's logits perturbed, its sampler as it
     is. A rollout that keeps a merged copy of the weights (native) or an engine of its own (vLLM) is refused."""
-    import torch
-
     if getattr(trainer, "vllm_generation", None) is not None:  # its engine loads the weights once a step
         raise ValueError("fp8_rollout changes the weights the trainer's model holds around each generation call; a "
                          "vLLM engine holds a copy of its own: use hf, hf_static, cb_paged or native")
-    generate = trainer._generate_single_turn
-
-    def perturbed(*args, **kwargs):
-        matrices = [p for p in trainer.model.parameters() if p.dim() == 2]
-        with torch.no_grad():
-            own = [p.detach().clone() for p in matrices]
-            for p in matrices:
-                p.copy_(quantise(p))
-        try:
-            return generate(*args, **kwargs)
-        finally:
-            with torch.no_grad():
-                for p, w in zip(matrices, own, strict=True):
-                    p.copy_(w)
-
-    trainer._generate_single_turn = perturbed
+    _wrap_rollout(trainer, lambda trainer, matrices: [quantise(p) for p in matrices],
+                  held=lambda trainer: [p for p in trainer.model.parameters() if p.dim() == 2])
 
 
 def inject(trainer, fault: str) -> list[str]:
