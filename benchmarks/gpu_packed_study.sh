@@ -10,6 +10,9 @@
 # OUTDIR; benchmarks/packing_results.py OUTDIR turns them into the figures. HIDDEN sets the tiny model's width (default
 # the study's 128; its vocabulary is padded past it); DEADLINE (s) stops the workflow in time to copy what finished
 # when the machine's time is short, and the same command run again resumes it (jobs a deadline cut rerun).
+# SNAKEMAKE_ARGS goes to Snakemake as it is: "--until train" trains the runs alone, e.g. the backends a machine
+# without vLLM can train, which the whole study then restores from the run cache (results/cache/runs, keyed
+# without the study's other backends or its reference) on a machine of the same GPU model.
 # Usage: benchmarks/gpu_packed_study.sh [OUTDIR]
 set -uo pipefail
 out=$(realpath -m "${1:-results/gpu-packed}")
@@ -46,7 +49,7 @@ pgrep -f "snakemake results/grpo_equivalence.md" >/dev/null || python3 -m snakem
   --config study="$out/study.yaml" results=results >/dev/null 2>&1
 # TERM at DEADLINE, KILL 30 s later: Snakemake waits for its jobs to stop, and the copy below must still run
 timeout -k 30 "${DEADLINE:-0}" python3 -m snakemake results/grpo_equivalence.md --cores "${CORES:-16}" --resources gpu=1 --config study="$out/study.yaml" results=results \
-  --keep-going --rerun-incomplete > "$out/snakemake.log" 2>&1
+  --keep-going --rerun-incomplete ${SNAKEMAKE_ARGS:-} > "$out/snakemake.log" 2>&1
 echo "snakemake exit $?" >> "$out/progress.log"
 kill "$sampler" 2>/dev/null
 echo "makespan_s $(( $(date +%s) - start ))" | tee -a "$out/snakemake.log" >> "$out/progress.log"

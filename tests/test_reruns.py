@@ -174,20 +174,21 @@ def test_another_reference_seed_trains_only_that_seed(project, edit):
 
 def test_two_studies_keep_their_reports_apart_share_finished_runs_and_make_report_writes_each(project):
     """A second study in the same checkout writes to its own folder (by default results/NAME, here results/second),
-    leaves the first's report as it was, and restores the runs the first one finished from the shared run cache;
-    `make report` writes each study's HTML report into its folder."""
+    leaves the first's report as it was, and restores the runs the first one finished from the shared run cache
+    (a run's key leaves out the study's other backends and its reference: here another one, cb_paged); `make
+    report` writes each study's HTML report into its folder."""
     first = (project / "results/grpo_equivalence.md").read_bytes()
     config = yaml.safe_load((project / "study.yaml").read_text())
     del config["results"]
-    config.update(backends=["hf", "cb_paged"], steps=[4], replicates={"reference": 3, "others": 3},
-                  rollout_check=SMALL_ROLLOUT_CHECK, trainer_check=False)
+    config.update(backends=["hf", "cb_paged"], reference="cb_paged", steps=[4],
+                  replicates={"reference": 3, "others": 3}, rollout_check=SMALL_ROLLOUT_CHECK, trainer_check=False)
     (project / "second.yaml").write_text(yaml.safe_dump(config))
     second = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--config", "study=second.yaml"],
                             cwd=project, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (project / "results/grpo_equivalence.md").read_bytes() == first
     report = (project / "results/second/grpo_equivalence.md").read_text()
-    assert "| cb_paged |" in report and "hf_static" not in report
+    assert "Reference backend: **cb_paged**" in report and "| hf |" in report and "hf_static" not in report
     for run in ("hf_4", "hf_4_seed3408", "hf_4_seed3409", "cb_paged_4", "cb_paged_4_seed3408", "cb_paged_4_seed3409"):
         assert "restored from the run cache" in (project / f"results/second/logs/train/{run}.log").read_text(), run
     shutil.copy2(ROOT / "Makefile", project / "Makefile")
