@@ -47,6 +47,11 @@ CONFIGURATIONS = {
     "unmerged": {"what": "the decoder reading the trainer's weights and adapters where they lie, each adapter added as "
                          "PEFT adds it, instead of a merged copy (backend_options unmerged_adapters; native only)",
                  "grpo": {}, "shared_inputs": False, "options": {"unmerged_adapters": True}},
+    # Not faster: the same engine with vLLM's sort-based top-k/top-p filter, so that a study can judge trl_vllm with
+    # and without its Triton kernel side by side, paired by seed (the kernel's defect: docs/findings.md)
+    "exact_top_p": {"what": "vLLM's sort-based top-k/top-p filter at every batch size instead of its Triton kernel "
+                            "(backend_options exact_top_p; trl_vllm only)",
+                    "grpo": {}, "shared_inputs": False, "options": {"exact_top_p": True}},
 }
 # The faults that change what the sampler draws from the same logits, as the settings a faulty sampler uses: the
 # rollout check computes from them what it can detect (grpo_equivalence.checks.power)
