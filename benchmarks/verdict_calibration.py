@@ -4,13 +4,13 @@ Runs of both backends share seeds (the study's design: half of a seed's effect o
 backends' runs of that seed), and are judged in pairs at the planned looks (verdict.LOOKS, alpha split between
 them). For several numbers of runs per backend, prints:
 - how often a candidate that is another seed of the reference is called divergent on at least one of six
-  metrics judged together, three of them headline tests (Holm weighted as a report weights them: the family-wise
-  false alarm; target: at most alpha = 5 %);
+  metrics judged together (Holm, every test alike, as a report judges them: the family-wise false alarm; target:
+  at most alpha = 5 %);
 - how often it is called equivalent on one metric (the chance to confirm equivalence when it holds);
 - how often a candidate shifted by exactly the margin is called equivalent (false equivalence; target: at
   most 5 %);
 - the shift of the mean, in standard deviations of a run's mean, that is called divergent in 80 % of trials
-  (power), of a headline metric and of another, with six metrics judged together;
+  (power), with six metrics judged together;
 and the planned looks taken as a user takes them (runs added, judged at each look until a verdict).
 
 First, the grid (calibration.grid_rates, GRID_TRIALS comparisons a cell): every correlation of the paired runs from
@@ -37,13 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from grpo_equivalence.analysis import calibration, verdict  # noqa: E402
 
 METRICS = 6  # loss, reward, kl, grad_norm, completion_length, entropy
-HEADLINE = len(verdict.HEADLINE)  # kl, reward, completion_length
 DESIGNS = tuple((n, n) for n in verdict.LOOKS)
 
 
 def grid(trials: int) -> None:
     print(f"grid: {trials} comparisons a cell, alpha {verdict.ALPHA}, looks {'/'.join(map(str, verdict.LOOKS))}, "
-          f"a family of {calibration.FAMILY} tests ({calibration.HEADLINE_TESTS} headline)")
+          f"a family of {calibration.FAMILY} tests")
     print("correlation | variance ratio | divergent, correct candidate | sd 1: equivalent at the margin | sd 1: "
           "equivalent by the last look | fixed: equivalent at the margin | fixed: equivalent by the last look")
     for correlation in calibration.CORRELATIONS:
@@ -82,18 +81,17 @@ def main() -> None:
     at_margin = verdict.MARGIN * math.sqrt(2)  # the margin, in run-mean standard deviations
     print(f"synthetic runs: {process}; {trials} trials per figure, alpha {verdict.ALPHA}, margin {verdict.MARGIN}")
     print("runs (ref/cand) | divergent, same process, any of 6 | equivalent, same process | equivalent at the margin "
-          "| shift divergent 80 % (run-mean SD), headline metric | the same, other metric")
+          "| shift divergent 80 % (run-mean SD)")
     for k, m in DESIGNS:
         start = time.perf_counter()
         false_alarm = calibration.any_divergent_rate(process, metrics=METRICS, reference_runs=k, candidate_runs=m,
-                                                     trials=trials, headline=HEADLINE)
-        tests = calibration.family_tests(METRICS, HEADLINE, True)
+                                                     trials=trials)
+        tests = METRICS
         same = calibration.rates(process, shift_sd=0.0, reference_runs=k, candidate_runs=m, trials=trials, tests=tests)
         margin = calibration.rates(process, shift_sd=at_margin, reference_runs=k, candidate_runs=m, trials=trials,
                                    tests=tests)
         shifts = [calibration.detected_shift(process, reference_runs=k, candidate_runs=m, trials=max(200, trials // 4),
-                                             tests=calibration.family_tests(METRICS, HEADLINE, headline))
-                  for headline in (True, False)]
+                                             tests=METRICS)]
         print(f"{k}/{m} | {100 * false_alarm:.1f} % | {100 * same[verdict.EQUIVALENT]:.1f} % | "
               f"{100 * margin[verdict.EQUIVALENT]:.1f} % | "
               + " | ".join(f"{shift if shift is not None else '> 20'}" for shift in shifts)

@@ -69,24 +69,16 @@ def rates(process: Process, *, shift_sd: float, reference_runs: int, candidate_r
 
 
 def any_divergent_rate(process: Process, *, metrics: int, reference_runs: int, candidate_runs: int, trials: int,
-                       seed: int = 0, headline: int = 0) -> float:
+                       seed: int = 0) -> float:
     """How often a candidate that is another seed of the reference is called divergent on at least one of
-    `metrics` independent metrics judged together, the first `headline` of them weighted as headline tests."""
+    `metrics` independent metrics judged together."""
     rng = random.Random(seed)
     seeds = dict(reference_seeds=list(range(reference_runs)), candidate_seeds=list(range(candidate_runs)))
-    marks = [i < headline for i in range(metrics)]
     hits = 0
     for _ in range(trials):
         judged = [verdict.judge(*process.pair(rng, reference_runs, candidate_runs), **seeds) for _ in range(metrics)]
-        hits += any(v["verdict"] == verdict.DIVERGENT for v in verdict.finalize(judged, marks))
+        hits += any(v["verdict"] == verdict.DIVERGENT for v in verdict.finalize(judged))
     return hits / trials
-
-
-def family_tests(metrics: int, headline: int, is_headline: bool) -> float:
-    """The unweighted family size that gives one test the alpha Holm's first step gives it in a family of `metrics`
-    tests, `headline` of them headline tests (verdict.headline_weights)."""
-    weights = verdict.headline_weights([i < headline for i in range(metrics)])
-    return sum(weights) / weights[0 if is_headline else metrics - 1]
 
 
 def detected_shift(process: Process, *, reference_runs: int, candidate_runs: int, trials: int, power: float = 0.8,
@@ -123,10 +115,10 @@ def sequential_rates(process: Process, *, shift_sd: float, trials: int, seed: in
 
 # The grid the verdict is calibrated over: the paired runs' correlation and the candidate's variance over the
 # reference's (the example studies measured -0.3 to 0.9 between paired runs), each comparison a family of FAMILY
-# tests, HEADLINE_TESTS of them headline tests, as a report with three reward functions has.
+# tests, as a report with three reward functions has.
 CORRELATIONS = (-0.3, 0.0, 0.3, 0.6, 0.9)
 VARIANCE_RATIOS = (0.25, 1.0, 4.0)
-FAMILY, HEADLINE_TESTS = 9, 3
+FAMILY = 9
 
 
 # The shapes run summaries are drawn in, each standardised to mean 0 and SD 1: normal; heavy-tailed (Student t, 3
@@ -177,7 +169,7 @@ def grid_rates(*, correlation: float, variance_ratio: float, trials: int, seed: 
                location: bool = False) -> dict:
     """Read at every planned look, as a user adding runs would (the worst case: a verdict at any look counts):
     - false_divergent: a candidate that trains as the reference does, called divergent on some test of its family
-      of FAMILY (Holm weighted, the first HEADLINE_TESTS headline tests), at some look;
+      of FAMILY (Holm, every test alike), at some look;
     and per margin (in reference SDs; an sd margin as verdict takes it, estimated from the reference's runs):
     - false_equivalent: one test whose true difference is exactly the margin, called equivalent at some look;
     - equivalent_at_last: one test of a candidate that trains as the reference does, equivalent by the last look.
@@ -199,18 +191,38 @@ def grid_rates(*, correlation: float, variance_ratio: float, trials: int, seed: 
     return out
 
 
+def interval_coverage(*, correlation: float, variance_ratio: float, trials: int, seed: int = 0,
+                      alpha: float = verdict.ALPHA, shape: str = "normal", location: bool = False,
+                      shift: float = 0.5) -> dict:
+    """How often the verdict's repeated confidence intervals (verdict.judge: the two-sided boundary of the whole
+    alpha at each look) hold the true paired difference `shift` (in reference SDs): at every planned look together
+    (a user who reads the interval at whichever look they stop at), and at each look alone (the lowest of them)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    reference, candidate = paired_summaries(rng, trials, 1, correlation=correlation, variance_ratio=variance_ratio,
+                                            shift=shift, shape=shape, location=location)
+    every, each = np.ones(trials, dtype=bool), []
+    for j, n in enumerate(verdict.LOOKS):
+        d = candidate[:, 0, :n] - reference[:, 0, :n]
+        reach = sequential.boundaries(alpha)[j] * d.std(axis=1, ddof=1) / math.sqrt(n)
+        covered = np.abs(d.mean(axis=1) - shift) <= reach
+        every &= covered
+        each.append(float(covered.mean()))
+    return {"every_look": float(every.mean()), "lowest_look": min(each), "by_look": each}
+
+
 def family_divergent(reference, candidate, alpha: float = verdict.ALPHA):
     """Per trial (arrays of paired_summaries' shape): whether some test of the family is divergent at some planned
-    look, each look judging the runs up to it (verdict's Holm, weights and boundaries)."""
+    look, each look judging the runs up to it (verdict's Holm and boundaries)."""
     import numpy as np
 
     tests = reference.shape[1]
-    weights = verdict.headline_weights([i < min(HEADLINE_TESTS, tests) for i in range(tests)])
     divergent = np.zeros(reference.shape[0], dtype=bool)
     for j, n in enumerate(verdict.LOOKS):
         p = _paired_p(reference[:, :, :n], candidate[:, :, :n])
         for trial in np.flatnonzero(~divergent & (p.min(axis=1) <= alpha)):  # Holm can only reject below alpha
-            divergent[trial] = any(sequential.holm(list(p[trial]), alpha, weights,
+            divergent[trial] = any(sequential.holm(list(p[trial]), alpha,
                                                    threshold=lambda i, level, j=j: sequential.nominal(level, j)))
     return divergent
 

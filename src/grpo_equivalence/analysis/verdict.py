@@ -21,9 +21,9 @@ paired t-test.
   of its trainer stack (a graphical procedure: a rejected test's share of alpha passes to the others, each at its
   look's boundary for its share). A user switches to one backend at a time, so the error that matters is a
   candidate's, as in a trial of several arms against one control (Howard et al., Stat Methods Med Res 2018); a
-  report of C candidates that are all alike calls one of them divergent with up to C x alpha, and says so. The
-  headline tests (HEADLINE metrics, the question a study asks) share HEADLINE_SHARE of alpha, every other test
-  the rest;
+  report of C candidates that are all alike calls one of them divergent with up to C x alpha, and says so. Every
+  test holds an equal share: a difference in any metric is named as readily (benchmarks/alpha_sharing.py measured
+  the shares at a real study's spreads: docs/verdicts.md);
 - inconclusive: neither; also with fewer than 2 runs of either backend, or before the first look;
 - not logged: a run lacks the metric (never 0).
 
@@ -33,6 +33,7 @@ A NaN, a missing step or runs of different lengths are errors (StatsError), neve
 import math
 import statistics
 
+from . import effects
 from .margins import DEFAULT_MARGINS, LOG_SCALE, MARGIN, equivalence_alpha, margin_bound, margin_spec, margin_words
 from .runs import METRIC_KEYS, aligned, label, series
 from .sequential import ALPHA, LOOKS, boundaries, holm, look, nominal, sd_shrink, t_quantile, two_sided_p
@@ -45,10 +46,9 @@ METRICS = tuple(METRIC_KEYS)  # the metrics judged, in the report's column order
 EQUIVALENT, DIVERGENT, INCONCLUSIVE, NOT_LOGGED = "equivalent", "divergent", "inconclusive", "not logged"
 PAIRED, IN_ORDER = "paired by seed", "independent runs paired in seed order"
 POWER_LEVEL = 0.8
-# The cells a study is asked to decide (kl, reward, completion length of each candidate against the reference), and
-# the share of the family's alpha their tests carry in Holm's weighted correction; fixed before any run is seen.
+# The cells a study is asked to decide (kl, reward, completion length of each candidate against the reference): the
+# answer states them first. They hold no more of the family's alpha than any other test (finalize).
 HEADLINE = ("kl", "reward", "completion_length")
-HEADLINE_SHARE = 0.8
 
 
 def _log_mean(values: list[float]) -> float:
@@ -127,6 +127,10 @@ def judge(reference_means: list[float], candidate_means: list[float], *, alpha: 
                 **_next_power(evidence, spread, bound, alpha)}
     n = len(used)
     se = spread / math.sqrt(n)
+    # The repeated confidence interval at this look (Jennison and Turnbull): the two-sided boundary of the whole
+    # alpha over the looks, so that the intervals of every look a user reads cover the true difference together
+    reach = boundaries(alpha)[index] * se
+    evidence.update(interval=[difference - reach, difference + reach], interval_level=1 - alpha)
     if se == 0:
         p, equivalent = (1.0 if difference == 0 else 0.0), abs(difference) < bound or difference == 0
     else:
@@ -219,40 +223,27 @@ def judge_runs(reference_runs: list[dict], candidate_runs: list[dict], metric: s
     spec = margin_spec(metric, margins, margin)
     result = judge(*means, alpha=alpha, margin=spec, tests=tests, reference_seeds=[r["seed"] for r in reference_runs],
                    candidate_seeds=[r["seed"] for r in candidate_runs])
-    return {**result, "margin_words": margin_words(metric, spec),
+    return {**result, "margin_words": margin_words(metric, spec), "effect": effects.effect(metric, result),
             "summary": SUMMARIES[metric][0] if metric in SUMMARIES else SUMMARIES["loss"][0]}
-
-
-def headline_weights(headline: list[bool]) -> list[float]:
-    """Holm's weights for a family whose headline tests share HEADLINE_SHARE of alpha (equal where all or none are)."""
-    count = sum(headline)
-    if count in (0, len(headline)):
-        return [1.0] * len(headline)
-    rest = len(headline) - count
-    return [HEADLINE_SHARE / count if h else (1 - HEADLINE_SHARE) / rest for h in headline]
 
 
 def finalize(verdicts: list[dict], headline: list[bool] | None = None) -> list[dict]:
     """The verdicts judged together (every metric of one comparison, or of all a candidate's comparisons):
-    divergence by Holm over the whole family at the study's alpha, each test at its look's boundary for the share
-    of alpha it holds, weighted so that the tests `headline` marks share HEADLINE_SHARE of it; equivalence as each
-    test found it. Changes them in place."""
+    divergence by Holm over the whole family at the study's alpha, every test holding an equal share, each at its
+    look's boundary for that share; equivalence as each test found it. `headline` marks the tests of the HEADLINE
+    metrics (recorded, not weighted). Changes them in place."""
     marks = headline if headline is not None else [False] * len(verdicts)
     judged = [(v, h) for v, h in zip(verdicts, marks, strict=True)
               if v["verdict"] != NOT_LOGGED and "look" in v and v["look"] > 0 and "equivalent" in v]
     if not judged:
         return verdicts
     family_alpha = min(v["level"] for v, _ in judged)
-    weights = headline_weights([h for _, h in judged])
     size = len(judged)
-    headlines = sum(h for _, h in judged)
-    share = (f", the {headlines} headline tests sharing {HEADLINE_SHARE:.0%} of it"
-             if 0 < headlines < size else "")
-    rejected = holm([v["p_value"] for v, _ in judged], family_alpha, weights,
+    rejected = holm([v["p_value"] for v, _ in judged], family_alpha,
                     threshold=lambda i, level: nominal(level, judged[i][0]["look"] - 1))
-    for (v, h), weight, divergent in zip(judged, weights, rejected, strict=True):
-        v["threshold"] = nominal(family_alpha * weight / sum(weights), v["look"] - 1)  # Holm's first step for it
-        v.update(_decide(v, divergent, f"p = {v['p_value']:.2g}, Holm over {size} tests at {family_alpha:.3g}{share} "
+    for (v, h), divergent in zip(judged, rejected, strict=True):
+        v["threshold"] = nominal(family_alpha / size, v["look"] - 1)  # Holm's first step for it
+        v.update(_decide(v, divergent, f"p = {v['p_value']:.2g}, Holm over {size} tests at {family_alpha:.3g} "
                                        f"({_where(v)})"), family_size=size, headline=bool(h))
     return verdicts
 
