@@ -137,8 +137,8 @@ def main() -> None:
     for rep in range(args.reps):
         reference, *others = files[rep * width:(rep + 1) * width]
         comparisons = [rollout_verdict.compare(reference, other, alpha=alpha, support_margin=check["support_margin"],
-                                               margin_sd=check["margin"], numerics_ratio=check["numerics_ratio"],
-                                               numerics_floor=check["numerics_floor"]) for other in others]
+                                               margin_sd=check["margin"],
+                                               numerics_bound=check["numerics_bound"]) for other in others]
         if reference.get("sampler_logits"):  # its own sampler, judged in the same family, as the report does
             comparisons.insert(0, rollout_verdict.own_check(reference, alpha=alpha,
                                                             support_margin=check["support_margin"]))
@@ -169,7 +169,7 @@ def main() -> None:
         "dtype": args.dtype, "gpu": args.gpu, "max_rounds": args.max_rounds, "temperature_margin":
         check["temperature_margin"], "order": check["order"], "prompts_per_call": check["prompts_per_call"],
         "shared_sessions": args.share_sessions, "exact_top_p": args.exact_top_p,
-        "sampler_logits": files[0].get("sampler_logits"), "numerics_floor": check["numerics_floor"],
+        "sampler_logits": files[0].get("sampler_logits"), "numerics_bound": check["numerics_bound"],
         "tokens_per_check": tokens,
         "rounds_per_check": rounds, "counts": counts,
         "divergent_by_test": by_test, "stated": summary,
@@ -222,7 +222,7 @@ def _run_all(jobs: list, args, start: float) -> tuple[list, list]:
 
 # What rows must share to be joined: the settings and the code that judged them
 _SAME = ("backend", "sampling", "dtype", "gpu", "max_rounds", "temperature_margin", "order", "prompts_per_call",
-         "shared_sessions", "exact_top_p", "sampler_logits", "numerics_floor")
+         "shared_sessions", "exact_top_p", "sampler_logits", "numerics_bound")
 
 
 def merge(rows: list[dict], across_commits: bool = False) -> dict:

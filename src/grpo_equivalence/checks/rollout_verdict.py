@@ -9,9 +9,9 @@ scored with the trainer's logits, with the reference's. Five tests, each with a 
 ones) and an equivalence test against a margin fixed in advance:
 
 - numerics: the mean |sampler - trainer| raw log-probability of a drawn token (exact.numerics_sums), the
-  candidate's against `numerics_ratio` times the reference's plus `numerics_floor` (per dtype: FLOOR), by
-  prompts (the tokens of a prompt's completions are not independent). One-sided: divergent when beyond, equivalent
-  when within, at alpha; a smaller mismatch than the reference's is never a fault.
+  candidate's against `numerics_bound` (NUMERICS_BOUND, set from the float8 rollout fault and the compiled engines),
+  by prompts (the tokens of a prompt's completions are not independent). One-sided: divergent when beyond, equivalent
+  when within, at alpha; its ratio to the reference's mismatch is a property, shown, not judged.
 
 - support: tokens the study's settings exclude clearly, beyond the rounding band (grpo_equivalence.checks.scoring),
   per token sampled. The candidate's count against the reference's, conditionally on their sum (binomial,
@@ -49,7 +49,7 @@ import statistics
 from ..analysis.sequential import holm
 from ..analysis.stats import StatsError
 from ..analysis.verdict import DIVERGENT, EQUIVALENT, INCONCLUSIVE
-from .own_verdict import FLOOR, NUMERICS_RATIO, _factor, _z, numerics_test, own_check, own_score_test, \
+from .own_verdict import NUMERICS_BOUND, _factor, _z, numerics_test, own_check, own_score_test, \
     own_support_test, own_totals
 from .power import PAIRED_FIELDS
 
@@ -172,7 +172,7 @@ def paired_test(ref: dict, cand: dict, key: str, *, alpha: float, margin_sd: flo
 
 
 def compare(reference: dict, candidate: dict, *, alpha: float, support_margin: float, margin_sd: float,
-            numerics_ratio: float = NUMERICS_RATIO, numerics_floor: float | None = None) -> dict:
+            numerics_bound: float | None = None) -> dict:
     """The tests of one candidate's rollout-check file against the reference's, before the family's correction: its
     sampler on its own logits where it reported them (else against the reference's, both scored by the trainer),
     its numerics against the reference's, and the paired tests."""
@@ -191,10 +191,10 @@ def compare(reference: dict, candidate: dict, *, alpha: float, support_margin: f
     else:
         sampler = {"support": support_test(ref, cand, alpha=alpha, margin=support_margin),
                    "score": score_test(ref, cand, alpha=alpha)}
-    floor = FLOOR.get(candidate.get("dtype"), FLOOR["bfloat16"]) if numerics_floor is None else numerics_floor
     tests = {
         **sampler,
-        "numerics": numerics_test(reference, candidate, alpha=alpha, ratio=numerics_ratio, floor=floor),
+        "numerics": numerics_test(reference, candidate, alpha=alpha,
+                                  bound=NUMERICS_BOUND if numerics_bound is None else numerics_bound),
         **{key: paired_test(ref, cand, key, alpha=alpha, margin_sd=margin_sd) for key in ("completion_length", "reward")},
     }
     return {"reference": reference["backend"], "candidate": candidate["backend"], "reference_seed": reference["seed"],

@@ -25,8 +25,8 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
     base = references[0]
     others = sorted((c for c in checks if c["backend"] != reference), key=lambda c: c["backend"]) + references[1:]
     comparisons = [rollout_verdict.compare(base, other, alpha=alpha, support_margin=settings["support_margin"],
-                                           margin_sd=settings["margin"], numerics_ratio=settings["numerics_ratio"],
-                                           numerics_floor=settings["numerics_floor"]) for other in others]
+                                           margin_sd=settings["margin"], numerics_bound=settings["numerics_bound"])
+                   for other in others]
     for comparison, other in zip(comparisons, others, strict=True):
         comparison["control"] = other["backend"] == reference
         comparison["label"] = f"{reference} (seed {other['seed']})" if comparison["control"] else other["backend"]
@@ -47,8 +47,8 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
             "sampling": base["sampling"], "prompts": base["prompts"], "generations": base["generations"],
             "tolerance": base["tolerance"], "temperature_margin": base["temperature_margin"],
             "order": base.get("order", "transformers"),
-            "floor": settings["numerics_floor"] if settings["numerics_floor"] is not None else
-            rollout_verdict.FLOOR.get(base["dtype"], rollout_verdict.FLOOR["bfloat16"]),
+            "numerics_bound": settings["numerics_bound"] if settings["numerics_bound"] is not None else
+            rollout_verdict.NUMERICS_BOUND,
             # backends judged with the trainer's logits (they report none of their sampler's): their sampler's order
             # matters where it is not the one scored
             "other_order": sorted({c["backend"]: c["sampler_order"] for c in [base, *others]
@@ -98,10 +98,12 @@ def numerics_said(comparison: dict) -> str:
         return f"mismatch {own['mean_abs_logp_diff']:.4g} (the reference's)" if own else "not reported"
     if test is None or test["verdict"] == rollout_verdict.NOT_REPORTED:
         return f"not reported ({test['reason']})" if test else "not reported"
-    word = "**divergent**" if test["verdict"] == verdict.DIVERGENT else test["verdict"]
-    return (f"{word}: mismatch {test['candidate_mean']:.4g} against the "
-            f"reference's {test['reference_mean']:.4g} (within {test['ratio']:g}x + {test['floor']:g}: "
-            f"{test['bound']:.4g})")
+    ratio = test.get("ratio_to_reference")
+    times = f"{ratio:.1f}x the reference's mismatch" if ratio is not None else "the reference's mismatch 0"
+    where = ("**beyond the bound**" if test["verdict"] == verdict.DIVERGENT else "within the bound"
+             if test["verdict"] == verdict.EQUIVALENT else "at the bound, undecided")
+    return (f"{times} (mean |d| {test['candidate_mean']:.3g} against {test['reference_mean']:.3g}; {where} "
+            f"{test['bound']:.3g})")
 
 
 # A check whose sampler was sure of its draw at this share of the positions where the settings leave a choice (and at

@@ -41,7 +41,7 @@ def sampling_settings(settings: dict) -> dict:
 
 # rollout_check settings only the verdict reads: a rollout-check job does not depend on them (changing one reruns no
 # check, only the report)
-ROLLOUT_VERDICT_ONLY = ("support_margin", "numerics_ratio", "numerics_floor")
+ROLLOUT_VERDICT_ONLY = ("support_margin", "numerics_bound")
 
 
 def rollout_check_settings(section: dict | None) -> dict:
