@@ -25,9 +25,31 @@ def test_one_table_per_step_count_with_percent_of_reference(stats_dir):
     assert [t[0]["% of vllm"] for t in speed] == ["100.0 %", "100.0 %"]
     cb = speed[0][1]
     assert [cb[k] for k in ("Backend", "Train wall (s)", "Median step (s)", "Peak mem (GB)", "% of vllm")] == \
-        ["cb_paged", "50.0", "4.000", "1.05", "50.0 %"]
+        ["cb_paged", "50.0", "4.000", "1.05", "50.0 % (one run alone: spread not measured)"]
     assert cb["Start-up (s)"] == "not recorded"  # an optional field these files lack
     assert cb["Warm-up steps (s)"] == "12.0"  # steps 1..3 at 4 s
+
+
+def test_speed_has_one_basis_and_is_ranked_only_where_the_runs_spreads_part():
+    """The answer's and the speed table's % come from one basis, the median over the runs that had their device alone;
+    two backends whose runs' ranges overlap are "too noisy to rank", and CPU runs say they ran beside others."""
+    from grpo_equivalence.analysis.summary import step_speed
+
+    def runs(backend, seconds, gpu=True):
+        found = []
+        for i, s in enumerate(seconds):
+            run = make_stats(backend, 6, seed=1 + i, wall=lambda _, s=s: s)
+            run["environment"]["gpu_count"] = 1 if gpu else 0
+            found.append(run)
+        return found
+
+    base = step_speed(runs("vllm", [1.0, 1.1, 1.2]), 3)
+    assert base["median"] == pytest.approx(1.1) and (base["low"], base["high"], base["runs"]) == (1.0, 1.2, 3)
+    fast = step_speed(runs("native", [0.5, 0.55]), 3, base)
+    assert fast["rank"] == "faster" and fast["pct_of_reference"] == pytest.approx(100 * 1.1 / 0.525)
+    assert step_speed(runs("hf", [0.9, 1.15]), 3, base)["rank"] == "too noisy to rank"
+    assert step_speed(runs("hf", [2.0]), 3, base)["rank"] == "one run alone: spread not measured"
+    assert step_speed(runs("hf", [2.0], gpu=False), 3)["cpu"] and not base["cpu"]
 
 
 def test_startup_and_vllm_reservation_are_shown_for_what_they_are(tmp_path):

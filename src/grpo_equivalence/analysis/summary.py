@@ -51,6 +51,36 @@ def summarise(stats: dict, skip: int = DEFAULT_SKIP) -> dict:
     }
 
 
+def step_speed(runs: list[dict], skip: int = DEFAULT_SKIP, reference: dict | None = None) -> dict | None:
+    """The speed a report ranks backends by, one basis everywhere: the median step of each run that had its device
+    to itself (its GPU; on the CPU every run, run beside others), their median, lowest and highest; against the
+    reference's (its step_speed), its median step over this one's in % (above 100 faster), and whether the two can
+    be ranked: not where their ranges overlap ("too noisy"), nor with one run of either ("spread not measured").
+    None where no run had its device alone."""
+    medians, cpu = [], False
+    for run in runs:
+        try:
+            found = summarise(run, skip)
+        except StatsError:  # a run too short to time: no speed from it
+            continue
+        cpu = cpu or not (run.get("environment") or {}).get("gpu_count")
+        if found.get("gpu_alone") is not False:
+            medians.append(found["median_step_s"])
+    if not medians:
+        return None
+    out = {"median": statistics.median(medians), "low": min(medians), "high": max(medians), "runs": len(medians),
+           "cpu": cpu}
+    if reference:
+        out["pct_of_reference"] = 100 * reference["median"] / out["median"]
+        if min(out["runs"], reference["runs"]) < 2:
+            out["rank"] = "one run alone: spread not measured"
+        elif out["low"] <= reference["high"] and reference["low"] <= out["high"]:
+            out["rank"] = "too noisy to rank"
+        else:
+            out["rank"] = "faster" if out["median"] < reference["median"] else "slower"
+    return out
+
+
 def alone_on_gpu(stats: dict) -> bool | None:
     """True where the run had its GPU(s) to itself: a lease that recorded no other job, a lease from before jobs
     could share a GPU (they could not), or a SLURM allocation; False where another job shared one; None on the

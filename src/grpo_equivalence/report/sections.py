@@ -11,6 +11,7 @@ from ..analysis import runs as run_files
 from ..analysis import stats as stats_io
 from ..analysis import verdict
 from ..analysis.compare import compare, join_family
+from ..analysis.summary import step_speed
 from .rollout import drops_choices, rollout_from_dir, rollout_section  # noqa: F401 (the report's sections, here)
 
 # A warning that names a sampling setting: the backend may not sample as the study asked, so its
@@ -72,10 +73,14 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
         ref = next((s for s in rows if s["backend"] == reference), None)
         if ref is None:
             raise stats_io.StatsError(f"no {reference} run with {steps} steps: the reference must have run every step count")
-        # Speed and memory only from runs that had their GPU to themselves (gpushare)
+        # Speed and memory only from runs that had their GPU to themselves (gpushare); % of the reference on the
+        # answer's basis: the median over every run that had its device alone (summary.step_speed)
         comparable = lambda row: row.get("gpu_alone") is not False  # noqa: E731
-        table_rows = [dict(row, speed_ok=comparable(row), pct_of_reference=100.0 * ref["median_step_s"] / row["median_step_s"]
-                           if comparable(row) and comparable(ref) else None) for row in rows]
+        skip = ref["median_over_steps"][0] - 1
+        base = step_speed(groups.get((reference, steps), []), skip)
+        speeds = {row["backend"]: step_speed(groups.get((row["backend"], steps), []), skip, base) for row in rows}
+        table_rows = [dict(row, speed_ok=comparable(row), speed=speeds[row["backend"]],
+                           pct_of_reference=(speeds[row["backend"]] or {}).get("pct_of_reference")) for row in rows]
         pairs = sorted((c for c in comparisons if c["max_steps"] == steps), key=lambda c: c["candidate"])
         runs = {backend: group for (backend, n), group in groups.items() if n == steps}
         reference_confounds = confounds(runs.get(reference, []))
