@@ -17,37 +17,22 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, run from anywhere or loaded by a test
 
-from grpo_equivalence.analysis import margins, sequential, verdict  # noqa: E402
-from grpo_equivalence.analysis import runs as run_files  # noqa: E402
+from benchlib import paired_cells  # noqa: E402  (it puts the project's src/ on the path)
+
+from grpo_equivalence.analysis import sequential, verdict  # noqa: E402
 
 SHARES = (0.8, 0.5, None)  # the headline tests' share of alpha; None: every test alike
 SEED = 20261207
 
 
 def spreads(stats_dir: str, reference: str) -> dict[str, float]:
-    """Per metric and reward function, its margin over the SD of the paired differences (candidate - reference,
-    paired by seed), the median over the study's candidates; metrics that are not logged or never vary left out."""
-    from grpo_equivalence.report.render import stats_files
-
-    groups = run_files.group_runs(run_files.load_runs(stats_files(Path(stats_dir))))
+    """Per metric and reward function, its margin over the SD of the paired differences, the median over the study's
+    candidates (benchlib.paired_cells)."""
     found: dict[str, list[float]] = {}
-    for (backend, steps), runs in groups.items():
-        if backend == reference or (reference, steps) not in groups:
-            continue
-        ref = groups[(reference, steps)]
-        keys = [*verdict.METRICS, *(f"rewards/{n}/mean" for n in run_files.reward_functions(ref))]
-        for key in keys:
-            if any(run_files.series(r, key) is None for r in [*ref, *runs]):
-                continue
-            mine = {r["seed"]: verdict.summary(key, run_files.series(r, key)) for r in ref}
-            theirs = {r["seed"]: verdict.summary(key, run_files.series(r, key)) for r in runs}
-            d = [theirs[s] - mine[s] for s in mine if s in theirs]
-            sd = statistics.stdev(d) if len(d) > 1 else 0.0
-            if sd > 0:
-                bound = margins.margin_bound(margins.margin_spec(key), list(mine.values()))
-                found.setdefault(key, []).append(bound / sd)
+    for cell in paired_cells(stats_dir, reference):
+        found.setdefault(cell["metric"], []).append(cell["margin"] / cell["sd"])
     return {key: statistics.median(values) for key, values in found.items()}
 
 

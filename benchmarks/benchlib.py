@@ -167,3 +167,32 @@ def headline_cells(runs: dict, reference: str) -> list[tuple[str, str, int, dict
     tables = sections.step_tables(judged["summaries"], judged["comparisons"], run_files.group_runs(runs), reference)
     return [(pair["candidate"], metric, table["steps"], pair["metrics"][metric]["verdict"])
             for table in tables for pair in table["pairs"] for metric in DECIDING]
+
+
+def paired_cells(stats_dir: str, reference: str) -> list[dict]:
+    """Every candidate's every metric and reward function against the reference in a study's statistics files: the
+    mean and SD of the paired differences of the run summaries (paired by seed) and the margin on the summary's
+    scale (the study's defaults), where logged and where the differences vary."""
+    import statistics
+
+    from grpo_equivalence.analysis import margins
+    from grpo_equivalence.analysis import runs as run_files
+    from grpo_equivalence.report.render import stats_files
+
+    groups = run_files.group_runs(run_files.load_runs(stats_files(Path(stats_dir))))
+    cells = []
+    for (backend, steps), runs in sorted(groups.items()):
+        if backend == reference or (reference, steps) not in groups:
+            continue
+        ref = groups[(reference, steps)]
+        for key in [*verdict.METRICS, *(f"rewards/{n}/mean" for n in run_files.reward_functions(ref))]:
+            if any(run_files.series(r, key) is None for r in [*ref, *runs]):
+                continue
+            mine = {r["seed"]: verdict.summary(key, run_files.series(r, key)) for r in ref}
+            theirs = {r["seed"]: verdict.summary(key, run_files.series(r, key)) for r in runs}
+            d = [theirs[s] - mine[s] for s in mine if s in theirs]
+            sd = statistics.stdev(d) if len(d) > 1 else 0.0
+            if sd > 0:
+                cells.append({"candidate": backend, "metric": key, "mean": statistics.fmean(d), "sd": sd,
+                              "margin": margins.margin_bound(margins.margin_spec(key), list(mine.values()))})
+    return cells

@@ -4,8 +4,8 @@ to the bit, and its speed with the spread over the runs that measured it."""
 
 import statistics
 
-from ..analysis import verdict
-from ..analysis.summary import summarise
+from ..analysis import advice, decision, verdict
+from ..analysis.summary import step_speed
 
 WORD = {verdict.EQUIVALENT: "equivalent", verdict.DIVERGENT: "**divergent**", verdict.INCONCLUSIVE: "open"}
 
@@ -22,32 +22,24 @@ def identical(reference_runs: list[dict], candidate_runs: list[dict], metrics) -
         a.get(k) == b.get(k) for a, b in zip(r["steps"], c["steps"], strict=True) for k in keys) for r, c in pairs)
 
 
-def speed(runs: list[dict], skip: int) -> dict | None:
-    """The median step time over the runs that had their GPU (or the CPU) to themselves: the median of their
-    medians, and the lowest and highest; None where none did."""
-    medians = []
-    for run in runs:
-        try:
-            found = summarise(run, skip)
-        except Exception:  # a run too short to time: no speed from it  # noqa: BLE001
-            continue
-        if found.get("gpu_alone") is not False:
-            medians.append(found["median_step_s"])
-    if not medians:
-        return None
-    return {"median": statistics.median(medians), "low": min(medians), "high": max(medians), "runs": len(medians)}
-
-
 def rows(tables: list[dict], groups: dict, reference: str, skip: int, rollout: dict | None,
          trainer: dict | None) -> list[dict]:
     """One row per candidate: its rollout check, its trainer check, per step count the headline verdicts and what
     the next look needs, identical runs, and its speed against the reference's."""
     rollout_by = {c["label"]: c for c in (rollout or {}).get("comparisons", []) if not c.get("control")}
     trainer_by = {r["label"]: r for r in (trainer or {}).get("rows", []) if not r["control"]}
+    own = rollout_by.get(f"{reference} (reference)")
+    reference_correct = bool(own and decision.sampler_state(own)["state"] == "correct")
     candidates = sorted({p["candidate"] for t in tables for p in t["pairs"]})
     out = []
     for name in candidates:
-        row = {"candidate": name, "rollout": None, "trainer": None, "steps": [], "identical": [], "speed": []}
+        pairs = [p for t in tables for p in t["pairs"] if p["candidate"] == name]
+        costs = {t["steps"]: (advice.run_cost(groups.get((reference, t["steps"]), [])),
+                              advice.run_cost(groups.get((name, t["steps"]), []))) for t in tables}
+        decided = decision.decide(name, reference, pairs, rollout=rollout_by.get(name), trainer=trainer_by.get(name),
+                                  reference_sampler_correct=reference_correct, costs=costs)
+        row = {"candidate": name, "rollout": None, "trainer": None, "steps": [], "identical": [], "speed": [],
+               "decision": decided, "decision_said": decision.words(decided)}
         if name in rollout_by:
             c = rollout_by[name]
             row["rollout"] = {"verdict": c["verdict"], "sampler": c.get("sampler_said"), "numerics": c.get("numerics_said")}
@@ -68,9 +60,8 @@ def rows(tables: list[dict], groups: dict, reference: str, skip: int, rollout: d
                                  "next_runs": min(nexts) if nexts else None})
             if identical(reference_runs, runs, verdict.HEADLINE):
                 row["identical"].append(table["steps"])
-            mine, theirs = speed(runs, skip), speed(reference_runs, skip)
-            if mine and theirs:
-                row["speed"].append({"steps": table["steps"], **mine,
-                                     "pct_of_reference": 100 * theirs["median"] / mine["median"]})
+            mine = step_speed(runs, skip, step_speed(reference_runs, skip))
+            if mine:
+                row["speed"].append({"steps": table["steps"], **mine})
         out.append(row)
     return out
