@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..analysis import runs as run_files
 from ..analysis import stats as stats_io
-from ..analysis import verdict
+from ..analysis import effects, verdict
 from ..analysis.compare import COMPARED, NOT_LOGGED, compare
 from ..analysis.summary import DEFAULT_SKIP, summarise
 from ..runtime.paths import CURVES_FIGURE, SPEED_FIGURE, TEMPLATES
@@ -38,6 +38,14 @@ def _sig(value, digits: int = 4) -> str:
     return NOT_LOGGED if value is None else f"{value:.{digits}g}"
 
 
+# One word for a verdict across the report: an open verdict is "open" wherever the report prints it
+SAID = {verdict.INCONCLUSIVE: "open"}
+
+
+def _word(value) -> str:
+    return SAID.get(value, value)
+
+
 def _num(value, digits: int = 3) -> str:
     if value is None:
         return NOT_LOGGED
@@ -62,6 +70,8 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     env.filters["num"] = _num
     env.filters["sig"] = _sig
     env.filters["cell"] = _cell
+    env.filters["word"] = _word
+    env.filters["effect"] = effects.words
     env.tests["search"] = lambda value, text: text in (value or "")
     groups = run_files.group_runs(runs)
     primaries = [group[0] for group in groups.values()]

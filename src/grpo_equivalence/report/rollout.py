@@ -63,12 +63,12 @@ def rollout_section(checks: list[dict], reference: str, *, alpha: float = verdic
             "settings_unsure": rollout_scoring.SETTINGS_UNSURE}
 
 
-WORDS = {verdict.EQUIVALENT: "correct", verdict.DIVERGENT: "**divergent**", verdict.INCONCLUSIVE: "inconclusive"}
+WORDS = {verdict.EQUIVALENT: "correct", verdict.DIVERGENT: "**divergent**", verdict.INCONCLUSIVE: "open"}
 
 
 def sampler_said(comparison: dict) -> str:
     """What the rollout check says of a backend's sampler, in a few words: correct, divergent (which test, what it
-    found) or inconclusive, and on what logits."""
+    found) or open, and on what logits."""
     tests = comparison["tests"]
     support, score = tests["support"], tests["score"]
     own = support.get("exact", False)

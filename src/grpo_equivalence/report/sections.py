@@ -94,8 +94,23 @@ def step_tables(summaries: list[dict], comparisons: list[dict], groups: dict, re
                        "stack_pairs": stacked, "stacks": {b: stack(b) or NOT_RECORDED for b in sorted(runs)},
                        "backends": sorted(runs), "mismatch": any(row.get("sampler_mismatch") for row in rows),
                        "seeds": {backend: [r["seed"] for r in group] for backend, group in sorted(runs.items())},
-                       "kl": kl_definitions(runs), "gpu_sharing": gpu_sharing(runs)})
+                       "kl": kl_definitions(runs), "gpu_sharing": gpu_sharing(runs),
+                       "reward_means": reward_means(runs)})
     return tables
+
+
+def reward_means(runs: dict) -> dict:
+    """Per backend, each reward function's mean over its runs of the run's mean over steps (TRL's
+    rewards/<name>/mean); a function a run did not log is left out of that backend's."""
+    found = {}
+    for backend, group in sorted(runs.items()):
+        row = {}
+        for name in run_files.reward_functions(group):
+            values = [run_files.series(r, f"rewards/{name}/mean") for r in group]
+            if all(v for v in values):
+                row[name] = statistics.fmean(statistics.fmean(v) for v in values)
+        found[backend] = row
+    return found
 
 
 def kl_definitions(runs: dict) -> dict:
