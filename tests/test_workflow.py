@@ -198,23 +198,24 @@ def test_hf_static_is_equivalent_to_hf(study):
 
 
 def test_the_report_opens_with_its_answer_per_candidate(study):
-    """Before any method: per candidate its rollout check, its trainer check, its runs' headline verdicts, speed with
-    its spread over the runs; hf_static's runs, hf's to the bit on the CPU, are said to be identical, and an open
-    verdict says what to set to decide it."""
+    """Before any method: per candidate one decision from all its evidence, its rollout check, its trainer check and
+    speed with its spread over the runs; hf_static's runs, hf's to the bit on the CPU, are said to be identical, every
+    effect comes with its interval, and an open headline metric says what would decide it."""
     report = (study / "results/grpo_equivalence.md").read_text()
     assert report.index("## The answer") < report.index("## How to read it") < report.index("## Rollout check")
     answer = report[report.index("## The answer"):report.index("## How to read it")]
-    rows = {row["Candidate"]: row for row in tables_headed(answer, "Candidate", "Rollout at fixed weights")[0]}
+    rows = {row["Candidate"]: row for row in tables_headed(answer, "Candidate", "Decision")[0]}
     assert set(rows) == {"cb_paged", "hf_static"}
     for row in rows.values():
         assert row["Rollout at fixed weights"] != "not checked" and "sampler" in row["Rollout at fixed weights"]
         assert row["Trainer at fixed weights"] in ("computes the same step",) or "parts at" in row["Trainer at fixed weights"]
-        assert all(f"{s} steps, 3 runs: kl " in row["Training runs"] for s in STEPS)
-        assert " to " in row["Speed"] and "3 runs" in row["Speed"]
-    assert "(**identical runs**)" in rows["hf_static"]["Training runs"]
+        assert re.match(r"\*\*(trains differently|trains as hf|not decided)\*\*", row["Decision"]), row
+        assert " to " in row["Speed"] and "3 runs, CPU, beside other jobs" in row["Speed"]
+    assert "(**identical runs** at" in rows["hf_static"]["Decision"]
     assert "**hf_static**: its runs are hf's to the bit" in answer
-    if "open" in rows["cb_paged"]["Training runs"]:
-        assert "set `replicates`\n  to 5" in answer
+    if rows["cb_paged"]["Decision"].startswith("**not decided**"):
+        assert re.search(r"\(-?[\d.]+x? to [+-]?[\d.]+x?\)", rows["cb_paged"]["Decision"])  # an effect's interval
+        assert "- **cb_paged, " in answer and ", open**: " in answer
 
 
 def test_report_step_differences_match_the_statistics(study):
