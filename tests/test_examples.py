@@ -22,10 +22,18 @@ def test_example_report_rows_come_from_its_statistics(example):
         assert all(step["kl"] is not None for step in run["steps"])  # KL logged for every backend
         summary = summarise(run)
         if summary.get("gpu_alone") is False:  # packed beside other runs: its speed and memory are not shown
-            row = f"| {run['backend']} | shared GPU | shared GPU |"
+            row, peak = f"| {run['backend']} | shared GPU | shared GPU |", "| shared GPU |"
         else:
-            row = f"| {run['backend']} | {summary['train_wall_s']:.1f} | {summary['median_step_s']:.3f} | {summary['peak_mem_gb']:.2f} |"
-        assert row in tables[run["max_steps"]], row
+            row = f"| {run['backend']} | {summary['train_wall_s']:.1f} | {summary['median_step_s']:.3f} |"
+            peak = f"| {summary['peak_mem_gb']:.2f} |"
+        line = next((x for x in tables[run["max_steps"]].splitlines() if x.startswith(row)), None)
+        assert line is not None and peak in line, row
+
+
+def test_every_example_report_is_what_its_files_give_today():
+    """Each committed report is today's report of its committed files (benchmarks/rerender_examples.py writes them
+    again after the report changes)."""
+    assert _benchmark("rerender_examples").main(["--check"]) == 0
 
 
 def test_an_h200_example_has_vllm_as_reference_against_every_backend():
@@ -312,11 +320,12 @@ def test_the_lean_configurations_example_is_its_runs_own(tmp_path):
     cli.report_main(["--stats-dir", str(example / "stats"), "--reference", "native", "--rollout", str(example / "rollout"),
                      "--trainer", str(example / "trainer"), "-o", str(out)])
     again = out.read_text()
-    for first in (("Candidate", "loss"), ("Candidate", "Rollout at fixed weights"), ("Backend", "Where it parts from native")):
+    for first in (("Candidate", "loss"), ("Candidate", "Decision"), ("Backend", "Where it parts from native")):
         assert tables_headed(report, *first) and tables_headed(again, *first) == tables_headed(report, *first), first
-    assert verdicts == [{"Candidate": "native+lean", "loss": "equivalent", "reward": "equivalent",
-                         "kl": "inconclusive", "grad_norm": "equivalent", "completion_length": "equivalent",
-                         "entropy": "equivalent"}]
+    said = {m: v.split(":")[0] for m, v in verdicts[0].items()}
+    assert said == {"Candidate": "native+lean", "loss": "equivalent", "reward": "equivalent", "kl": "open",
+                    "grad_norm": "equivalent", "completion_length": "equivalent", "entropy": "equivalent"}
+    assert verdicts[0]["kl"].startswith("open: 0.59x (")  # the effect, with its interval
     comparison = json.loads((example / "trainer" / "native+lean_vs_native.json").read_text())
     assert all(q["difference"] == 0 for q in comparison["quantities"].values())
     first = {r["backend"]: r["steps"][0]["grad_norm"] for r in runs if r["seed"] == 5201}
@@ -351,7 +360,7 @@ def test_decided_share_of_every_seed_of_an_example_is_the_examples_own():
 
     example = ROOT / "docs" / "examples" / "h200-packed-study-decides"
     result = _benchmark("decided_share").main([str(example / "stats"), "--seeds", "12", "--draws", "1"])
-    assert result[12]["mean_share"] == json.loads((example / "packing.json").read_text())["decided"]["share"] == 0.6
+    assert result[12]["mean_share"] == json.loads((example / "packing.json").read_text())["decided"]["share"] == 7 / 15
 
 
 def test_the_fresh_seed_example_of_the_new_verdict_is_its_runs_own():
@@ -363,8 +372,8 @@ def test_the_fresh_seed_example_of_the_new_verdict_is_its_runs_own():
     recomputed = _benchmark("packing_results").main([str(example), "--reference", "unsloth_fi_false"])
     assert json.loads(json.dumps(recomputed)) == json.loads((example / "packing.json").read_text())
     decided = recomputed["decided"]
-    assert (decided["cells"], decided["divergent"], decided["equivalent"]) == (9, 8, 0)
-    assert "**8 are decided (89%)**" in (example / "README.md").read_text()
+    assert (decided["cells"], decided["divergent"], decided["equivalent"]) == (9, 7, 0)
+    assert "**7 are decided (78%)**" in (example / "README.md").read_text()
     seeds = {stats.load(p)["seed"] for p in stats_files(example / "stats")}
     assert seeds == set(range(3451, 3463))
     for other in (ROOT / "docs" / "examples").glob("h200-packed-study*/stats"):

@@ -116,6 +116,6 @@ def words(found: dict) -> str:
     for cell in found["open"]:
         text = f"{cell['metric']} {cell['effect_said'] or 'no interval yet'}"
         if cell["ruled_out"]:
-            text += f", ruling out {cell['ruled_out']}"
+            text += f": the runs rule out {cell['ruled_out']}"
         opened.append(text)
     return "**not decided**: " + ("; ".join(opened) if opened else "no headline metric judged")
