@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     for example in examples:
         text = render(example)
         target = example / "grpo_equivalence.md"
-        if target.read_text() != text:
+        if not target.exists() or target.read_text() != text:
             stale.append(example.name)
             if not check:
                 target.write_text(text)

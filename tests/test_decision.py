@@ -37,7 +37,8 @@ def test_an_effect_is_said_in_the_metrics_terms_with_what_it_rules_out():
     assert found["scale"] == "ratio" and found["estimate"] == pytest.approx(0.78, abs=0.01)
     assert found["low"] < 0.78 < found["high"] < 1.0
     assert effects.words(found).startswith("0.78x (") and effects.excludes_no_change(found)
-    assert effects.ruled_out(found) == f"below {found['low']:.2f}x and above {found['high']:.2f}x"
+    far = max(1 / found["low"], found["high"])
+    assert effects.ruled_out(found) == f"a change beyond {far:.2f}x either way"
     units = effects.effect("reward", judged([0.1] * 6 + [0.3] * 6))
     assert units["scale"] == "difference" and effects.words(units).startswith("+0.2 (")
     assert effects.effect("reward", {"verdict": "not logged"}) is None
@@ -105,7 +106,7 @@ def test_an_open_decision_says_what_the_runs_rule_out_and_what_would_decide_it()
                             costs={30: (40.0, 20.0)})
     assert found["decision"] == decision.OPEN
     said = decision.words(found)
-    assert said.startswith("**not decided**: kl ") and ": the runs rule out below " in said
+    assert said.startswith("**not decided**: kl ") and ", ruling out a change beyond " in said
     cell = found["open"][0]
     look = cell["advice"]["look"]
     assert look["either"] >= advice.FLOOR and look["runs"] in verdict.LOOKS[1:]

@@ -376,15 +376,10 @@ def test_a_backend_whose_sampler_filters_in_another_order_is_named_with_the_orde
 
 def _rollout_text(section: dict) -> str:
     """The report's rollout section rendered from `section` (sections.rollout_section's)."""
-    import jinja2
-
     from grpo_equivalence.analysis import verdict as verdicts
     from grpo_equivalence.report import render
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(render.TEMPLATE.parent)),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=render._num, sig=render._sig, cell=render._cell)
-    return env.get_template("sections/rollout.md.j2").render(rollout=section, verdicts=verdicts)
+    return render.environment().get_template("sections/rollout.md.j2").render(rollout=section, verdicts=verdicts)
 
 
 @pytest.mark.workflow

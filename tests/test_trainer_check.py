@@ -216,14 +216,9 @@ def test_a_trainer_side_fault_is_flagged_at_its_quantity_and_the_control_nowhere
 
 
 def _trainer_section_text(comparisons) -> str:
-    import jinja2
-
     from grpo_equivalence.report import render, sections
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(render.TEMPLATE.parent)),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=render._num, sig=render._sig, cell=render._cell)
-    return env.get_template("sections/trainer.md.j2").render(trainer=sections.trainer_section(comparisons))
+    return render.environment().get_template("sections/trainer.md.j2").render(trainer=sections.trainer_section(comparisons))
 
 
 @pytest.mark.parametrize("with_advantage", [0, 8])

@@ -94,8 +94,8 @@ def _caveats(sampler: dict | None, numerics: dict | None, relative: bool, refere
         said.append(f"its sampler samples otherwise than the settings say ({sampler['said']}); {reference}'s own "
                     f"sampler was not shown right, so both may share it")
     if numerics and not numerics["beyond"] and numerics["ratio"] is not None:
-        said.append(f"numerics {numerics['ratio']:.1f}x {reference}'s mismatch (mean |d| {numerics['mismatch']:.2g} "
-                    f"against {numerics['reference']:.2g}): a property of its kernels, within the float8 rollout's "
+        said.append(f"numerics {numerics['ratio']:.1f}x {reference}'s mismatch ({numerics['mismatch']:.2g} against "
+                    f"{numerics['reference']:.2g} a token): a property of its kernels, within the float8 rollout's "
                     f"bound")
     return said
 
@@ -116,6 +116,6 @@ def words(found: dict) -> str:
     for cell in found["open"]:
         text = f"{cell['metric']} {cell['effect_said'] or 'no interval yet'}"
         if cell["ruled_out"]:
-            text += f": the runs rule out {cell['ruled_out']}"
+            text += f", ruling out {cell['ruled_out']}"
         opened.append(text)
     return "**not decided**: " + ("; ".join(opened) if opened else "no headline metric judged")

@@ -40,12 +40,15 @@ def words(found: dict | None) -> str:
 
 
 def ruled_out(found: dict | None) -> str | None:
-    """What the interval already rules out: "below 0.68x and above 1.40x" (a ratio), "below -0.031 and above +0.012"
-    (units); None without an interval."""
+    """What the interval already rules out, as one bound: "a change beyond 1.40x either way" (a ratio), "a difference
+    beyond 0.031 either way" (units); None without an interval. The bound is the interval's end farthest from no
+    change, so every change beyond it, in either direction, lies outside the interval."""
     if not found:
         return None
-    scale = found["scale"]
-    return f"below {_number(found['low'], scale)} and above {_number(found['high'], scale)}"
+    if found["scale"] == RATIO:
+        far = math.exp(max(abs(math.log(found["low"])), abs(math.log(found["high"]))))
+        return f"a change beyond {far:.2f}x either way"
+    return f"a difference beyond {max(abs(found['low']), abs(found['high'])):.3g} either way"
 
 
 def excludes_no_change(found: dict | None) -> bool:

@@ -54,6 +54,18 @@ def _num(value, digits: int = 3) -> str:
     return str(value)
 
 
+def environment(folder: Path = TEMPLATE.parent):
+    """The Jinja environment the report's templates render in, with the report's filters: one place for both the
+    report and a section rendered on its own."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters.update(num=_num, sig=_sig, cell=_cell, word=_word, effect=effects.words)
+    env.tests["search"] = lambda value, text: text in (value or "")
+    return env
+
+
 NOTES = ".report-notes.txt"  # beside the report: what the workflow says on the console at its end
 
 
@@ -63,16 +75,7 @@ def render(*, summaries: list[dict], comparisons: list[dict], reference: str, ru
     """`runs`: {path: stats} of every run (all seeds); `figures`: {"curves": {steps: path}, "speed": path}, paths
     relative to the report's folder, or None where no figure was made; `rollout`: rollout_section's result;
     `trainer`: trainer_section's."""
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(template).parent)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters["num"] = _num
-    env.filters["sig"] = _sig
-    env.filters["cell"] = _cell
-    env.filters["word"] = _word
-    env.filters["effect"] = effects.words
-    env.tests["search"] = lambda value, text: text in (value or "")
+    env = environment(Path(template).parent)
     groups = run_files.group_runs(runs)
     primaries = [group[0] for group in groups.values()]
     tables = step_tables(summaries, comparisons, groups, reference, alpha=alpha, margin=margin, margins=margins)

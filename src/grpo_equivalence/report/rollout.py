@@ -102,7 +102,7 @@ def numerics_said(comparison: dict) -> str:
     times = f"{ratio:.1f}x the reference's mismatch" if ratio is not None else "the reference's mismatch 0"
     where = ("**beyond the bound**" if test["verdict"] == verdict.DIVERGENT else "within the bound"
              if test["verdict"] == verdict.EQUIVALENT else "at the bound, undecided")
-    return (f"{times} (mean |d| {test['candidate_mean']:.3g} against {test['reference_mean']:.3g}; {where} "
+    return (f"{times} ({test['candidate_mean']:.3g} against {test['reference_mean']:.3g} a token; {where} "
             f"{test['bound']:.3g})")
 
 
