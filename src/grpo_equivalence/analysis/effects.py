@@ -36,6 +36,8 @@ def words(found: dict | None) -> str:
     if not found:
         return "no interval"
     scale = found["scale"]
+    if scale == RATIO:
+        return f"{found['estimate']:.2f}x ({found['low']:.2f} to {found['high']:.2f})"
     return f"{_number(found['estimate'], scale)} ({_number(found['low'], scale)} to {_number(found['high'], scale)})"
 
 
