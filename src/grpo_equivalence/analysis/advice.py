@@ -13,11 +13,11 @@ import statistics
 
 from .margins import LOG_SCALE
 from .sequential import ALPHA, LOOKS, boundaries, sd_shrink
+from .verdict import INCONCLUSIVE
 
 POWER = 0.8  # the chance of a verdict the advice aims for
 DRAWS, SEED = 20000, 20261208  # the predictive chance's draws, fixed: a report says the same each time it is made
 FLOOR = 0.5  # below this chance a look is not advised
-SHRINK = 1.0  # the share of the measured difference confirmable() takes as the true one
 
 
 def _normal_cdf(x: float) -> float:
@@ -69,7 +69,7 @@ def confirmable(result: dict, runs: int = LOOKS[-1], *, alpha: float = ALPHA) ->
         return None
     index = LOOKS.index(runs) if runs in LOOKS else len(LOOKS) - 1
     z = boundaries(alpha, sides=1)[index]
-    return SHRINK * abs(result["difference"]) + (z + _z(POWER)) * spread / math.sqrt(runs)
+    return abs(result["difference"]) + (z + _z(POWER)) * spread / math.sqrt(runs)
 
 
 def run_cost(runs: list[dict]) -> float | None:
@@ -84,7 +84,7 @@ def advise(metric: str, result: dict, *, reference_cost: float | None = None,
     and the added device time of both backends), else the best later look if its chance reaches FLOOR, and where
     no planned look reaches POWER, the margin the last look could confirm in the metric's terms. None where the
     verdict is not open or has no spread."""
-    if result.get("verdict") != "inconclusive" or result.get("difference_sd") is None or "margin" not in result:
+    if result.get("verdict") != INCONCLUSIVE or result.get("difference_sd") is None or "margin" not in result:
         return None
     done = result.get("look_runs") or 0
     later = [chance(result, n) for n in LOOKS if n > done]

@@ -217,7 +217,6 @@ def family_divergent(reference, candidate, alpha: float = verdict.ALPHA):
     look, each look judging the runs up to it (verdict's Holm and boundaries)."""
     import numpy as np
 
-    tests = reference.shape[1]
     divergent = np.zeros(reference.shape[0], dtype=bool)
     for j, n in enumerate(verdict.LOOKS):
         p = _paired_p(reference[:, :, :n], candidate[:, :, :n])

@@ -25,7 +25,8 @@ def sampler_state(rollout: dict | None) -> dict | None:
     if not rollout:
         return None
     tests = rollout["tests"]
-    judged = [tests[n]["verdict"] for n in ("support", "score") if tests[n]["verdict"] not in ("no variation",)]
+    # "no variation": checks.rollout_verdict.NO_VARIATION (a later part of the package than this one)
+    judged = [tests[n]["verdict"] for n in ("support", "score") if tests[n]["verdict"] != "no variation"]
     state = ("wrong" if verdict.DIVERGENT in judged else "correct" if judged and tests["score"]["verdict"] ==
              verdict.EQUIVALENT and set(judged) == {verdict.EQUIVALENT} else "open")
     return {"state": state, "own_logits": bool(tests["support"].get("exact")), "said": rollout.get("sampler_said")}

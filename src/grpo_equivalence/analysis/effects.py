@@ -51,11 +51,3 @@ def ruled_out(found: dict | None) -> str | None:
         far = math.exp(max(abs(math.log(found["low"])), abs(math.log(found["high"]))))
         return f"a change beyond {far:.2f}x either way"
     return f"a difference beyond {max(abs(found['low']), abs(found['high'])):.3g} either way"
-
-
-def excludes_no_change(found: dict | None) -> bool:
-    """Whether the interval leaves out no change at all (1x, or a difference of 0)."""
-    if not found:
-        return False
-    none = 1.0 if found["scale"] == RATIO else 0.0
-    return found["low"] > none or found["high"] < none

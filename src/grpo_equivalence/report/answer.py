@@ -1,13 +1,9 @@
-"""The report's opening: per candidate, in a few words, what is equivalent, what differs and where (the rollout
-check, the trainer check, the runs), what to run next to decide what is open, whether its runs are the reference's
-to the bit, and its speed with the spread over the runs that measured it."""
-
-import statistics
+"""The report's opening: per candidate its decision (analysis.decision: what differs and where, what is open and
+what would decide it), its rollout and trainer checks, whether its runs are the reference's to the bit, and its speed
+with the spread over the runs that measured it."""
 
 from ..analysis import advice, decision, verdict
 from ..analysis.summary import step_speed
-
-WORD = {verdict.EQUIVALENT: "equivalent", verdict.DIVERGENT: "**divergent**", verdict.INCONCLUSIVE: "open"}
 
 
 def identical(reference_runs: list[dict], candidate_runs: list[dict], metrics) -> bool:
@@ -24,8 +20,8 @@ def identical(reference_runs: list[dict], candidate_runs: list[dict], metrics) -
 
 def rows(tables: list[dict], groups: dict, reference: str, skip: int, rollout: dict | None,
          trainer: dict | None) -> list[dict]:
-    """One row per candidate: its rollout check, its trainer check, per step count the headline verdicts and what
-    the next look needs, identical runs, and its speed against the reference's."""
+    """One row per candidate: its decision, its rollout check, its trainer check, the step counts where its runs are
+    the reference's to the bit, and its speed against the reference's."""
     rollout_by = {c["label"]: c for c in (rollout or {}).get("comparisons", []) if not c.get("control")}
     trainer_by = {r["label"]: r for r in (trainer or {}).get("rows", []) if not r["control"]}
     own = rollout_by.get(f"{reference} (reference)")
@@ -38,7 +34,7 @@ def rows(tables: list[dict], groups: dict, reference: str, skip: int, rollout: d
                               advice.run_cost(groups.get((name, t["steps"]), []))) for t in tables}
         decided = decision.decide(name, reference, pairs, rollout=rollout_by.get(name), trainer=trainer_by.get(name),
                                   reference_sampler_correct=reference_correct, costs=costs)
-        row = {"candidate": name, "rollout": None, "trainer": None, "steps": [], "identical": [], "speed": [],
+        row = {"candidate": name, "rollout": None, "trainer": None, "identical": [], "speed": [],
                "decision": decided, "decision_said": decision.words(decided)}
         if name in rollout_by:
             c = rollout_by[name]
@@ -47,17 +43,10 @@ def rows(tables: list[dict], groups: dict, reference: str, skip: int, rollout: d
             t = trainer_by[name]
             row["trainer"] = f"parts at {t['first']}" if t["first"] else "computes the same step"
         for table in tables:
-            pair = next((p for p in table["pairs"] if p["candidate"] == name), None)
-            if pair is None:
+            if not any(p["candidate"] == name for p in table["pairs"]):
                 continue
-            headline = {m: pair["metrics"][m]["verdict"] for m in verdict.HEADLINE if m in pair["metrics"]}
-            said = [f"{m} {WORD.get(v['verdict'], v['verdict'])}" for m, v in headline.items()]
-            nexts = [v.get("next_runs") for v in headline.values() if v["verdict"] == verdict.INCONCLUSIVE and
-                     v.get("next_runs")]
             runs = groups.get((name, table["steps"]), [])
             reference_runs = groups.get((reference, table["steps"]), [])
-            row["steps"].append({"steps": table["steps"], "said": ", ".join(said), "runs": len(runs),
-                                 "next_runs": min(nexts) if nexts else None})
             if identical(reference_runs, runs, verdict.HEADLINE):
                 row["identical"].append(table["steps"])
             mine = step_speed(runs, skip, step_speed(reference_runs, skip))
